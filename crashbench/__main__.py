@@ -1,0 +1,3 @@
+from crashbench.cli import main
+
+main()

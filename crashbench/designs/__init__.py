@@ -1,0 +1,143 @@
+"""The queue-design interface and the registry of designs by name.
+
+A design is a class with five duties: `enqueue` (producer), `fetch` and `ack` (worker), `recover`
+(the reaper, called by the harness on a timer) and `state` / `backlog` (what the queue still holds,
+for the counts). One instance per process: the harness makes one for enqueueing, reaping and
+inspection, and every worker makes its own after it is forked.
+
+Built-in designs are imported lazily, so a worker only imports the module it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from crashbench.errors import UsageError
+
+if TYPE_CHECKING:
+    import redis
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One unit of work. `id` is unique per run; `receipt` is whatever `ack` needs (design-private)."""
+
+    id: str
+    payload: str = ""
+    receipt: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DesignSettings:
+    """Knobs every design may read; a design ignores those it has no use for."""
+
+    stale_after: float = 1.0  # seconds without a heartbeat / idle before recovery takes a job back
+    recover_every: float = 0.25  # seconds between recovery passes (reaper loop, XAUTOCLAIM)
+    max_attempts: int = 3  # deliveries of one job before it is dead-lettered
+
+
+@dataclass(slots=True)
+class QueueState:
+    """What the queue holds at the end, by job id: the evidence behind stranded / dead-lettered / requeued."""
+
+    held: dict[str, str] = field(default_factory=dict)  # job id -> where ("pending", "processing:w3", ...)
+    dead_lettered: set[str] = field(default_factory=set)
+    requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
+    requeue_events: int = 0  # how many times recovery gave a job back, in all
+
+
+class Design(ABC):
+    """Base class for a queue design under test. Subclass it, set `name`, implement the abstract methods.
+
+    `client` is a redis-py client with decode_responses=True. Every key must start with `prefix`
+    (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself.
+    Times (`now`) are the harness clock: time.monotonic() seconds, shared by all processes on a host.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        self.r = client
+        self.prefix = prefix
+        self.settings = settings
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Create what the queue needs before the first enqueue (consumer groups, ...)."""
+
+    def start_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
+        """Called once in each worker process before its first fetch (register, first heartbeat)."""
+
+    @abstractmethod
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        """Make every job in `jobs` available to workers."""
+
+    @abstractmethod
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        """Hand one job to `worker`, waiting at most `timeout` seconds; None when there is none."""
+
+    @abstractmethod
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        """The handler of `job` finished: the queue may forget it."""
+
+    def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
+        """One reaper pass: give back jobs held by workers that look dead at time `now`."""
+
+    @abstractmethod
+    def backlog(self) -> int:
+        """Jobs the queue still holds (waiting or in flight); 0 means drained. Called often: keep it cheap."""
+
+    @abstractmethod
+    def state(self) -> QueueState:
+        """Everything the queue holds by job id, read once at the end of a run."""
+
+
+BUILTIN: dict[str, str] = {
+    "naive": "crashbench.designs.naive:NaiveQueue",
+    "reliable": "crashbench.designs.reliable:ReliableQueue",
+    "stream": "crashbench.designs.stream:StreamQueue",
+}
+
+_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _import(spec: str) -> type[Design]:
+    module_name, _, attr = spec.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        # A user's design module lives in their project, like a Celery or RQ app module.
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of user code is a usage problem
+        raise UsageError(f"cannot import design module {module_name!r}: {type(exc).__name__}: {exc}") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Design)):
+        raise UsageError(f"{spec} is not a subclass of crashbench.designs.Design")
+    return cls
+
+
+def load_design(spec: str) -> type[Design]:
+    """A design class from a built-in name or `package.module:Class`."""
+    if spec in BUILTIN:
+        return _import(BUILTIN[spec])
+    if _SPEC.match(spec):
+        return _import(spec)
+    known = ", ".join(BUILTIN)
+    raise UsageError(f"unknown design {spec!r}", hint=f"built-in designs: {known}; or give package.module:Class")
+
+
+def safe_name(spec: str) -> str:
+    """A design spec made safe for a Redis key segment and a SCAN pattern."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", spec)

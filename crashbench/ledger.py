@@ -1,0 +1,119 @@
+"""The execution ledger: what every worker actually ran, kept where no queue design can touch it.
+
+Each worker appends to its own file in the run directory with one write(2) per record, so a record
+is either whole or absent when the worker is SIGKILLed, and it survives the kill (the kernel has it).
+Records, one per line, times on the harness clock (time.monotonic()):
+
+    R <t>            the worker is ready (the READY handshake)
+    S <job> <t>      the handler of <job> starts  (the start marker: the worker is inside a handler)
+    E <job> <t>      the handler of <job> ended, written before the ack
+
+The runner tails all files as the run goes (`Ledger.poll`), which gives live progress, tells the
+fault scheduler which worker is inside a handler, and in the end every execution of every job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class LedgerWriter:
+    """Worker side. Unbuffered on purpose: a buffered record would die with the worker."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def ready(self, now: float) -> None:
+        os.write(self.fd, b"R %.6f\n" % now)
+
+    def start(self, job_id: str, now: float) -> None:
+        os.write(self.fd, b"S %s %.6f\n" % (job_id.encode(), now))
+
+    def end(self, job_id: str, now: float) -> None:
+        os.write(self.fd, b"E %s %.6f\n" % (job_id.encode(), now))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass(slots=True)
+class Execution:
+    job: str
+    worker: str
+    start: float
+    end: float | None = None  # None: the handler never finished (the worker died inside it)
+
+
+@dataclass(slots=True)
+class _Tail:
+    path: Path
+    offset: int = 0
+    rest: bytes = b""
+    ready_at: float | None = None
+    open: Execution | None = None  # the execution this worker is inside right now
+
+
+@dataclass
+class Ledger:
+    """Runner side: tails every worker's file and keeps every execution."""
+
+    directory: Path
+    executions: list[Execution] = field(default_factory=list)
+    completed: Counter[str] = field(default_factory=Counter)
+    _tails: dict[str, _Tail] = field(default_factory=dict)
+
+    def path_for(self, worker: str) -> Path:
+        path = self.directory / f"{worker}.ledger"
+        self._tails.setdefault(worker, _Tail(path))
+        return path
+
+    def poll(self, worker: str | None = None) -> None:
+        """Read what was appended since the last poll (of one worker, or of all)."""
+        names = [worker] if worker is not None else list(self._tails)
+        for name in names:
+            tail = self._tails[name]
+            try:
+                with open(tail.path, "rb") as f:
+                    f.seek(tail.offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            if not chunk:
+                continue
+            tail.offset += len(chunk)
+            data = tail.rest + chunk
+            lines = data.split(b"\n")
+            tail.rest = lines.pop()  # an unfinished last line waits for the next poll
+            for line in lines:
+                self._apply(name, tail, line.decode())
+
+    def _apply(self, worker: str, tail: _Tail, line: str) -> None:
+        kind, *rest = line.split(" ")
+        if kind == "R":
+            tail.ready_at = float(rest[0])
+        elif kind == "S":
+            ex = Execution(rest[0], worker, float(rest[1]))
+            self.executions.append(ex)
+            tail.open = ex
+        elif kind == "E":
+            job, t = rest[0], float(rest[1])
+            if tail.open is not None and tail.open.job == job:
+                tail.open.end = t
+            else:  # an end without its start cannot come from our writer; keep it visible, not silent
+                self.executions.append(Execution(job, worker, t, t))
+            tail.open = None
+            self.completed[job] += 1
+
+    def ready_at(self, worker: str) -> float | None:
+        return self._tails[worker].ready_at
+
+    def inside(self, worker: str) -> Execution | None:
+        """The execution `worker` is inside, as of the last poll."""
+        return self._tails[worker].open
+
+    @property
+    def done(self) -> int:
+        return len(self.completed)

@@ -1,0 +1,86 @@
+"""Rich rendering of results and progress. CLI-side only: the core never imports this."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from crashbench.results import DesignRun, Result
+from crashbench.runner import Progress
+
+# (label, count field) in display order; outcome classes first, then events.
+ROWS: tuple[tuple[str, str], ...] = (
+    ("enqueued", "enqueued"),
+    ("done", "done"),
+    ("lost", "lost"),
+    ("stranded", "stranded"),
+    ("dead-lettered", "dead_lettered"),
+    ("duplicated", "duplicated"),
+    ("extra executions", "extra_executions"),
+    ("requeued", "requeued"),
+    ("unexpected", "unexpected"),
+    ("interrupted", "interrupted"),
+)
+ALARM = {"lost", "stranded", "duplicated", "extra_executions", "unexpected"}
+
+
+def _failed_counts(run: DesignRun) -> set[str]:
+    return {e.expectation.split(" ")[0] for e in run.expectations if not e.met}
+
+
+def result_table(result: Result) -> Group:
+    sc = result.scenario
+    title = (
+        f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
+        f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("", style="bold")
+    for run in result.runs:
+        table.add_column(run.design, justify="right")
+    failed = {run.design: _failed_counts(run) for run in result.runs}
+    for label, key in ROWS:
+        cells = []
+        for run in result.runs:
+            value = getattr(run.counts, key)
+            style = "red" if key in failed[run.design] else ("yellow" if value and key in ALARM else "")
+            mark = " ✗" if key in failed[run.design] else ""
+            cells.append(Text(f"{value}{mark}", style=style))
+        table.add_row(label, *cells)
+    table.add_section()
+    table.add_row("kills (mid-job)", *[f"{r.counts.kills} ({r.counts.kills_mid_job})" for r in result.runs])
+    table.add_row(
+        "wall time (x ideal)", *[f"{r.timings.wall_s:.2f} s ({r.timings.ratio_to_ideal:.2f}x)" for r in result.runs]
+    )
+    table.add_row("jobs/s", *[f"{r.timings.jobs_per_s:.0f}" for r in result.runs])
+    table.add_row("worker start (median)", *[f"{r.timings.startup_ms_median:.1f} ms" for r in result.runs])
+    table.add_row(
+        "restart (median)",
+        *[
+            f"{r.timings.restart_ms_median:.1f} ms" if r.timings.restart_ms_median is not None else "-"
+            for r in result.runs
+        ],
+    )
+    parts: list[Table | Text] = [table]
+    for run in result.runs:
+        if not run.timings.drained:
+            parts.append(Text(f"{run.design}: drain timed out with jobs still held (see stranded)", style="yellow"))
+        for where, n in run.counts.stranded_at.items():
+            parts.append(Text(f"{run.design}: {n} stranded in {where}", style="yellow"))
+        for e in run.expectations:
+            mark, style = ("✓", "green") if e.met else ("✗", "red")
+            parts.append(Text(f"{mark} {run.design}: {e.expectation} (got {e.actual})", style=style))
+        for w in run.worker_exits:
+            parts.append(Text(f"! {run.design}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
+        for p in run.count_problems:
+            parts.append(Text(f"! {run.design}: counts do not add up: {p}", style="bold red"))
+    return Group(*parts)
+
+
+def progress_line(p: Progress) -> Text:
+    return Text.assemble(
+        (f"{p.design:>10} ", "bold"),
+        (f"{p.phase:<9} ", "cyan"),
+        f"done {p.done}/{p.enqueued}  kills {p.kills}/{p.kills_total}  workers alive {p.alive}  {p.elapsed:5.1f} s",
+    )

@@ -1,0 +1,356 @@
+"""One crash run of one design: enqueue, start workers, inject the fault schedule, drain, count.
+
+Single-threaded on purpose: the main loop (`_tick`) tails the ledger, reaps workers, runs the
+design's recovery on its timer and reports progress; signal handlers only set a flag it reads.
+Every process started here is stopped in `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from crashbench import counts as counting
+from crashbench.designs import Design, Job, load_design, safe_name
+from crashbench.errors import Interrupted, RunAborted
+from crashbench.ledger import Ledger
+from crashbench.results import DesignRun, ExpectationResult, KillRecord, Timings, WorkerExit
+from crashbench.scenario import Scenario
+from crashbench.supervisor import Supervisor, WorkerProcess
+from crashbench.worker import WorkerSpec, run_worker
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedKill:
+    index: int
+    at: float  # seconds after the workers start
+    slot: int
+
+
+def plan_kills(scenario: Scenario) -> list[PlannedKill]:
+    """The fault schedule: the same seed gives the same victims at the same times, for every design."""
+    rng = random.Random(scenario.seed)
+    return [
+        PlannedKill(i, round((i + 1) * scenario.interval, 6), rng.randrange(scenario.workers))
+        for i in range(scenario.kills)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    design: str
+    phase: str  # "starting" | "faults" | "draining" | "counting"
+    enqueued: int
+    done: int
+    kills: int
+    kills_total: int
+    alive: int
+    elapsed: float
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag for the main loop; a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.raised:
+            raise KeyboardInterrupt
+        self.raised = True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def cleanup_keys(url: str, pattern_prefix: str) -> int:
+    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection."""
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    removed = 0
+    try:
+        batch = []
+        for key in client.scan_iter(match=pattern_prefix + "*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += client.unlink(*batch)
+                batch.clear()
+        if batch:
+            removed += client.unlink(*batch)
+    finally:
+        client.close()
+    return removed
+
+
+class CrashRun:
+    STARTUP_TIMEOUT = 10.0
+    TICK = 0.002
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        design_spec: str,
+        redis_url: str,
+        run_id: str,
+        progress: Callable[[Progress], None] | None = None,
+        stop: StopFlag | None = None,
+        keep_dir: bool = False,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.sc = scenario
+        self.spec = design_spec
+        self.design_cls: type[Design] = load_design(design_spec)
+        self.prefix = f"crashbench:{run_id}:{safe_name(design_spec)}:"
+        self.url = redis_url
+        self.progress = progress
+        self.stop = stop or StopFlag()
+        self.keep_dir = keep_dir
+        self.clock = clock
+        self.dir = Path(tempfile.mkdtemp(prefix="crashbench-run-"))
+        (self.dir / "logs").mkdir()
+        (self.dir / "ledger").mkdir()
+        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.design = self.design_cls(self.client, self.prefix, scenario.settings())
+        self.ledger = Ledger(self.dir / "ledger")
+        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(), scenario.job_ms)
+        parent = os.getpid()
+
+        def prepare(name: str) -> Callable[[], int]:
+            path = self.ledger.path_for(name)
+            return lambda: run_worker(wspec, name, path, parent)
+
+        self.sup = Supervisor(prepare, self.dir / "logs", clock)
+        self.kills: list[KillRecord] = []
+        self.exits: list[WorkerExit] = []
+        self.phase = "starting"
+        self.t0 = 0.0
+        self._next_recover = 0.0
+        self._next_progress = 0.0
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def execute(self) -> DesignRun:
+        try:
+            return self._execute()
+        finally:
+            self.sup.stop_all(grace=self._grace())
+            self.client.close()
+            if not self.keep_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _grace(self) -> float:
+        return 1.0 + self.sc.job_ms / 1000 * 2
+
+    def _execute(self) -> DesignRun:
+        self.design.setup()
+        ids = [f"{i:06d}" for i in range(self.sc.jobs)]
+        for start in range(0, len(ids), 1000):
+            self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
+        self.t0 = self.clock()
+        for slot in range(self.sc.workers):
+            self.sup.spawn(slot)
+        self._wait_ready()
+
+        self.phase = "faults"
+        for planned in plan_kills(self.sc):
+            self.kills.append(self._inject(planned))
+        faults_end = self.clock()
+
+        self.phase = "draining"
+        drained = self._drain(faults_end + self.sc.drain_timeout)
+        drained_at = self.clock()
+
+        self.phase = "counting"
+        self._report(force=True)
+        self.sup.stop_all(grace=self._grace())
+        self._collect_exits()
+        self.ledger.poll()
+        # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
+        self.design.recover(self.clock() + self.sc.stale_after)
+        return self._result(ids, drained, drained_at, faults_end)
+
+    def _tick(self) -> None:
+        if self.stop.raised:
+            raise Interrupted("interrupted: workers stopped, nothing left running")
+        self.ledger.poll()
+        self._collect_exits()
+        now = self.clock()
+        if now >= self._next_recover and self.phase != "starting":
+            self.design.recover(now)
+            self._next_recover = now + self.sc.recover_every
+        self._report()
+
+    def _report(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.progress is None or (now < self._next_progress and not force):
+            return
+        self._next_progress = now + 0.1
+        self.progress(
+            Progress(
+                self.spec,
+                self.phase,
+                self.sc.jobs,
+                self.ledger.done,
+                len(self.kills),
+                self.sc.kills,
+                len(self.sup.alive()),
+                now - self.t0,
+            )
+        )
+
+    def _collect_exits(self) -> None:
+        for w in self.sup.reap():
+            if w.signalled is not None:
+                continue
+            self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
+            if len(self.exits) > 2 * self.sc.workers:
+                raise RunAborted(
+                    f"{self.spec}: {len(self.exits)} workers exited on their own; the last one "
+                    f"({w.name}, {w.describe_exit()}) logged:\n{w.log_tail()}"
+                )
+            if self.phase in ("starting", "faults", "draining"):
+                self.sup.spawn(w.slot)
+
+    def _wait_ready(self) -> None:
+        deadline = self.clock() + self.STARTUP_TIMEOUT
+        while not all(self.ledger.ready_at(w.name) is not None for w in self.sup.slots.values()):
+            if self.clock() > deadline:
+                raise RunAborted(f"{self.spec}: workers not ready after {self.STARTUP_TIMEOUT:.0f} s")
+            self._tick()
+            time.sleep(self.TICK)
+
+    def _inject(self, planned: PlannedKill) -> KillRecord:
+        due = self.t0 + planned.at
+        sig = self.sc.signum
+        mid_job_wanted = self.sc.kill_when == "mid-job"
+        # If no job reaches the victim (the queue ran dry), stop waiting and kill it anyway.
+        give_up = due + max(1.0, 20 * self.sc.job_ms / 1000)
+        while True:
+            self._tick()
+            now = self.clock()
+            victim = self.sup.slots[planned.slot]
+            if now < due or self.ledger.ready_at(victim.name) is None:
+                time.sleep(self.TICK)
+                continue
+            if mid_job_wanted and now < give_up:
+                if self.ledger.inside(victim.name) is None:
+                    time.sleep(self.TICK / 4)
+                    continue
+                if not self._frozen_inside(victim):
+                    continue
+                return self._kill(planned, victim, sig, due, frozen=True)
+            return self._kill(planned, victim, sig, due, frozen=False)
+
+    def _frozen_inside(self, victim: WorkerProcess) -> bool:
+        """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze)."""
+        if not self.sup.freeze(victim):
+            self.sup.thaw(victim)
+            return False
+        self.ledger.poll(victim.name)
+        if self.ledger.inside(victim.name) is None:
+            self.sup.thaw(victim)
+            return False
+        return True
+
+    def _kill(self, planned: PlannedKill, victim: WorkerProcess, sig: int, due: float, frozen: bool) -> KillRecord:
+        at = self.clock()
+        victim.signalled = sig
+        self.sup.send(victim, sig)
+        if frozen and sig != signal.SIGKILL:
+            self.sup.thaw(victim)  # let it act on the signal
+        replacement = self.sup.spawn(planned.slot)
+        if sig == signal.SIGKILL:
+            self.sup.wait_exit(victim, 5.0)
+        self.ledger.poll(victim.name)
+        inside = self.ledger.inside(victim.name)  # for SIGKILL: what it was running when it died
+        return KillRecord(
+            index=planned.index,
+            planned_at=planned.at,
+            at=round(at - self.t0, 6),
+            slot=planned.slot,
+            worker=victim.name,
+            pid=victim.pid,
+            signal=signal.Signals(sig).name,
+            mid_job=inside is not None,
+            job=inside.job if inside else None,
+            waited_ms=round((at - due) * 1000, 3),
+            replacement=replacement.name,
+        )
+
+    def _drain(self, deadline: float) -> bool:
+        next_check = 0.0
+        while self.clock() < deadline:
+            self._tick()
+            now = self.clock()
+            if now >= next_check:
+                next_check = now + 0.01
+                busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
+                if not busy and self.design.backlog() == 0:
+                    return True
+            time.sleep(self.TICK)
+        return False
+
+    # -- counting --------------------------------------------------------------------------------
+
+    def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
+        state = self.design.state()
+        c = counting.count(
+            ids, self.ledger.executions, state, kills=len(self.kills), kills_mid_job=sum(k.mid_job for k in self.kills)
+        )
+        for k in self.kills:
+            ready = self.ledger.ready_at(k.replacement)
+            if ready is not None:
+                k.replacement_ready_ms = round((ready - (self.t0 + k.at)) * 1000, 3)
+        startups = [
+            (ready - w.spawned_at) * 1000
+            for w in self.sup.workers
+            if (ready := self.ledger.ready_at(w.name)) is not None
+        ]
+        restarts = [k.replacement_ready_ms for k in self.kills if k.replacement_ready_ms is not None]
+        wall = drained_at - self.t0
+        timings = Timings(
+            wall_s=round(wall, 4),
+            jobs_per_s=round(c.done / wall, 2) if wall > 0 else 0.0,
+            ideal_s=round(self.sc.ideal_s, 4),
+            drained=drained,
+            drain_s=round(drained_at - faults_end, 4),
+            startup_ms_median=round(statistics.median(startups), 3) if startups else 0.0,
+            startup_ms_max=round(max(startups), 3) if startups else 0.0,
+            restart_ms_median=round(statistics.median(restarts), 3) if restarts else None,
+        )
+        numbers = c.as_numbers()
+        expectations = []
+        for e in self.sc.expect.get(self.spec, ()):
+            met, actual, expected = e.evaluate(numbers)
+            expectations.append(ExpectationResult(str(e), actual, expected, met))
+        return DesignRun(
+            design=self.spec,
+            prefix=self.prefix,
+            seed=self.sc.seed,
+            counts=c,
+            timings=timings,
+            kills=self.kills,
+            expectations=expectations,
+            worker_exits=self.exits,
+            duplicates={j: n for j, n in sorted(self.ledger.completed.items()) if n > 1},
+            count_problems=c.problems(),
+        )

@@ -1,0 +1,303 @@
+"""Scenarios: TOML files describing a workload, a fault schedule and what each design should do.
+
+    name = "lesson"
+    description = "..."
+    [workload]  jobs, job_ms, workers
+    [faults]    kills, interval, signal, kill_when, seed
+    [queue]     stale_after, recover_every, max_attempts
+    [run]       drain_timeout, designs
+    [expect.<design>]  <count> = <int> | "<op> <int or count name>"   (op: == != <= >= < >)
+
+Every field has a default (the lesson's crash test), so a scenario names only what differs.
+Validation reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crashbench.designs import DesignSettings
+from crashbench.errors import ScenarioError
+
+KILL_WHEN = ("mid-job", "any")
+# Signals that stop a process, or that a worker handles as a stop request. SIGSTOP and friends
+# (pauses) are not crashes and are refused here.
+FAULT_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2")
+
+# Names an expectation may compare, and refer to on its right-hand side.
+COUNT_NAMES = (
+    "enqueued",
+    "done",
+    "lost",
+    "stranded",
+    "dead_lettered",
+    "duplicated",
+    "extra_executions",
+    "requeued",
+    "requeue_events",
+    "unexpected",
+    "executions",
+    "interrupted",
+    "kills",
+    "kills_mid_job",
+)
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "workload": ("jobs", "job_ms", "workers"),
+    "faults": ("kills", "interval", "signal", "kill_when", "seed"),
+    "queue": ("stale_after", "recover_every", "max_attempts"),
+    "run": ("drain_timeout", "designs"),
+}
+
+_EXPECT = re.compile(r"^\s*(==|!=|<=|>=|<|>)?\s*([A-Za-z_]\w*|-?\d+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    count: str
+    op: str
+    rhs: str  # an integer literal or a count name
+
+    def evaluate(self, counts: dict[str, int]) -> tuple[bool, int, int]:
+        """(met, actual, expected)."""
+        actual = counts[self.count]
+        expected = counts[self.rhs] if self.rhs in counts else int(self.rhs)
+        met = {
+            "==": actual == expected,
+            "!=": actual != expected,
+            "<=": actual <= expected,
+            ">=": actual >= expected,
+            "<": actual < expected,
+            ">": actual > expected,
+        }[self.op]
+        return met, actual, expected
+
+    def __str__(self) -> str:
+        return f"{self.count} {self.op} {self.rhs}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "lesson"
+    description: str = "The lesson's crash test: 2,000 jobs of 10 ms, 4 workers, a SIGKILL every 0.5 s, 5 kills"
+    source: str = "(defaults)"
+    # workload
+    jobs: int = 2000
+    job_ms: float = 10.0
+    workers: int = 4
+    # faults
+    kills: int = 5
+    interval: float = 0.5
+    signal: str = "SIGKILL"
+    kill_when: str = "mid-job"
+    seed: int = 1
+    # queue
+    stale_after: float = 1.0
+    recover_every: float = 0.25
+    max_attempts: int = 3
+    # run
+    drain_timeout: float = 30.0
+    designs: tuple[str, ...] = ()
+    expect: dict[str, tuple[Expectation, ...]] = field(default_factory=dict)
+
+    def settings(self) -> DesignSettings:
+        return DesignSettings(self.stale_after, self.recover_every, self.max_attempts)
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.signal])
+
+    @property
+    def ideal_s(self) -> float:
+        """Wall time with every worker busy all the time: jobs x job time / workers."""
+        return self.jobs * self.job_ms / 1000 / self.workers
+
+    def with_overrides(self, **values: Any) -> Scenario:
+        """A copy with the given fields replaced (None means: keep the scenario's value); validated."""
+        changes = {k: v for k, v in values.items() if v is not None}
+        if "signal" in changes:
+            changes["signal"] = _signal_name(changes["signal"])
+        scenario = dataclasses.replace(self, **changes)
+        problems = scenario.problems()
+        if problems:
+            raise ScenarioError(f"{self.source} with command-line options", problems)
+        return scenario
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _positive_int(p, "workload.jobs", self.jobs)
+        _positive_int(p, "workload.workers", self.workers)
+        _non_negative(p, "workload.job_ms", self.job_ms)
+        if not isinstance(self.kills, int) or isinstance(self.kills, bool) or self.kills < 0:
+            p.append(f"faults.kills must be a whole number >= 0, not {self.kills!r}")
+        _positive(p, "faults.interval", self.interval)
+        if self.signal not in FAULT_SIGNALS:
+            p.append(f"faults.signal {self.signal!r} is not one of {', '.join(FAULT_SIGNALS)}")
+        if self.kill_when not in KILL_WHEN:
+            p.append(f"faults.kill_when must be one of {', '.join(KILL_WHEN)}, not {self.kill_when!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            p.append(f"faults.seed must be a whole number, not {self.seed!r}")
+        _positive(p, "queue.stale_after", self.stale_after)
+        _positive(p, "queue.recover_every", self.recover_every)
+        _positive_int(p, "queue.max_attempts", self.max_attempts)
+        _positive(p, "run.drain_timeout", self.drain_timeout)
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["designs"] = list(self.designs)
+        data["expect"] = {d: [str(e) for e in exps] for d, exps in self.expect.items()}
+        return data
+
+
+def _signal_name(value: str) -> str:
+    name = str(value).upper()
+    if name.isdigit():
+        try:
+            return signal.Signals(int(name)).name
+        except ValueError:
+            return name
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _positive(p: list[str], name: str, v: Any) -> None:
+    if not _number(v) or v <= 0:
+        p.append(f"{name} must be a number > 0, not {v!r}")
+
+
+def _non_negative(p: list[str], name: str, v: Any) -> None:
+    if not _number(v) or v < 0:
+        p.append(f"{name} must be a number >= 0, not {v!r}")
+
+
+def _positive_int(p: list[str], name: str, v: Any) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        p.append(f"{name} must be a whole number > 0, not {v!r}")
+
+
+def parse_expectation(count: str, value: Any) -> Expectation | str:
+    """An Expectation, or the problem with it as a message."""
+    if count not in COUNT_NAMES:
+        return f"unknown count {count!r} (known: {', '.join(COUNT_NAMES)})"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Expectation(count, "==", str(value))
+    m = _EXPECT.match(value) if isinstance(value, str) else None
+    if not m:
+        return f'{count} = {value!r}: write an integer or a string like "<= 2" or "== kills_mid_job"'
+    op, rhs = m.group(1) or "==", m.group(2)
+    if not rhs.lstrip("-").isdigit() and rhs not in COUNT_NAMES:
+        return f"{count} = {value!r}: {rhs!r} is neither a number nor a count name"
+    return Expectation(count, op, rhs)
+
+
+def parse(data: dict[str, Any], source: str) -> Scenario:
+    problems: list[str] = []
+    values: dict[str, Any] = {"source": source}
+    for key, value in data.items():
+        if key in ("name", "description"):
+            if isinstance(value, str):
+                values[key] = value
+            else:
+                problems.append(f"{key} must be a string")
+        elif key in SECTIONS:
+            if not isinstance(value, dict):
+                problems.append(f"[{key}] must be a table")
+                continue
+            for sub, v in value.items():
+                if sub not in SECTIONS[key]:
+                    problems.append(f"unknown key {key}.{sub} (known: {', '.join(SECTIONS[key])})")
+                else:
+                    values[sub] = v
+        elif key == "expect":
+            values["expect"] = _parse_expect(value, problems)
+        else:
+            problems.append(f"unknown key or section {key!r} (known: name, description, {', '.join(SECTIONS)}, expect)")
+    if "signal" in values:
+        values["signal"] = _signal_name(values["signal"])
+    if "designs" in values:
+        d = values["designs"]
+        if isinstance(d, list) and all(isinstance(x, str) for x in d):
+            values["designs"] = tuple(d)
+        else:
+            problems.append("run.designs must be a list of design names")
+            del values["designs"]
+    try:
+        scenario = Scenario(**values)
+    except TypeError as exc:  # cannot happen with the checks above; kept as a clear message if it does
+        raise ScenarioError(source, [*problems, str(exc)]) from None
+    problems += scenario.problems()
+    if problems:
+        raise ScenarioError(source, problems)
+    return scenario
+
+
+def _parse_expect(value: Any, problems: list[str]) -> dict[str, tuple[Expectation, ...]]:
+    if not isinstance(value, dict):
+        problems.append("[expect] must hold one table per design, like [expect.reliable]")
+        return {}
+    out: dict[str, tuple[Expectation, ...]] = {}
+    for design, table in value.items():
+        if not isinstance(table, dict):
+            problems.append(f"[expect.{design}] must be a table of count = expectation")
+            continue
+        parsed = []
+        for count, v in table.items():
+            e = parse_expectation(count, v)
+            if isinstance(e, str):
+                problems.append(f"[expect.{design}] {e}")
+            else:
+                parsed.append(e)
+        out[design] = tuple(parsed)
+    return out
+
+
+def scenario_dirs() -> list[Path]:
+    """Where scenario names are looked up: ./scenarios, then the ones shipped beside the package."""
+    shipped = Path(__file__).resolve().parent.parent / "scenarios"
+    dirs = [Path.cwd() / "scenarios"]
+    if shipped not in dirs:
+        dirs.append(shipped)
+    return dirs
+
+
+def find(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or "/" in name_or_path:
+        if path.is_file():
+            return path
+        raise ScenarioError(name_or_path, ["no such scenario file"])
+    for d in scenario_dirs():
+        candidate = d / f"{name_or_path}.toml"
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(sorted({p.stem for p in available()})) or "none"
+    raise ScenarioError(name_or_path, [f"no scenario of that name (known: {known})"])
+
+
+def available() -> list[Path]:
+    seen: dict[str, Path] = {}
+    for d in scenario_dirs():
+        for p in sorted(d.glob("*.toml")):
+            seen.setdefault(p.stem, p)
+    return list(seen.values())
+
+
+def load(name_or_path: str | None) -> Scenario:
+    path = find(name_or_path or "default")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(str(path), [f"not valid TOML: {exc}"]) from None
+    except OSError as exc:
+        raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    return parse(data, str(path))

