@@ -58,13 +58,23 @@ class Counts:
         return d
 
 
+def classify(enqueued: Collection[str], completed: Counter[str], queue: QueueState) -> dict[str, set[str]]:
+    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, lost."""
+    ids = set(enqueued)
+    done = {j for j in ids if completed[j] > 0}
+    dead = (queue.dead_lettered & ids) - done
+    stranded = (set(queue.held) & ids) - done - dead
+    return {"done": done, "dead_lettered": dead, "stranded": stranded, "lost": ids - done - dead - stranded}
+
+
 def count(
     enqueued: Collection[str],
     executions: Iterable[Execution],
     queue: QueueState,
     kills: int = 0,
     kills_mid_job: int = 0,
-) -> Counts:
+) -> tuple[Counts, dict[str, set[str]]]:
+    """The counts, and the ids behind each outcome class."""
     completed: Counter[str] = Counter()
     started: set[str] = set()
     n_exec = interrupted = 0
@@ -76,17 +86,14 @@ def count(
         else:
             completed[ex.job] += 1
     ids = set(enqueued)
-    done = {j for j in ids if completed[j] > 0}
-    dead = (queue.dead_lettered & ids) - done
-    stranded_ids = (set(queue.held) & ids) - done - dead
-    lost = ids - done - dead - stranded_ids
-    where = Counter(queue.held[j].split(":")[0] for j in stranded_ids)
-    return Counts(
+    classes = classify(ids, completed, queue)
+    where = Counter(queue.held[j].split(":")[0] for j in classes["stranded"])
+    counts = Counts(
         enqueued=len(ids),
-        done=len(done),
-        dead_lettered=len(dead),
-        stranded=len(stranded_ids),
-        lost=len(lost),
+        done=len(classes["done"]),
+        dead_lettered=len(classes["dead_lettered"]),
+        stranded=len(classes["stranded"]),
+        lost=len(classes["lost"]),
         duplicated=sum(1 for j in ids if completed[j] > 1),
         extra_executions=sum(c - 1 for j, c in completed.items() if j in ids and c > 1),
         requeued=len(queue.requeued & ids),
@@ -98,3 +105,4 @@ def count(
         kills_mid_job=kills_mid_job,
         stranded_at=dict(sorted(where.items())),
     )
+    return counts, classes

@@ -83,6 +83,7 @@ class DesignRun:
     expectations: list[ExpectationResult] = field(default_factory=list)
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, for jobs run twice or more
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered -> ids (first 100)
     count_problems: list[str] = field(default_factory=list)
 
     @property

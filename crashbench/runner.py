@@ -32,6 +32,7 @@ from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import WorkerSpec, run_worker
 
 Clock = Callable[[], float]
+JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +314,7 @@ class CrashRun:
 
     def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
         state = self.design.state()
-        c = counting.count(
+        c, classes = counting.count(
             ids, self.ledger.executions, state, kills=len(self.kills), kills_mid_job=sum(k.mid_job for k in self.kills)
         )
         for k in self.kills:
@@ -352,5 +353,6 @@ class CrashRun:
             expectations=expectations,
             worker_exits=self.exits,
             duplicates={j: n for j, n in sorted(self.ledger.completed.items()) if n > 1},
+            jobs={k: sorted(classes[k])[:JOB_SAMPLE] for k in ("lost", "stranded", "dead_lettered")},
             count_problems=c.problems(),
         )

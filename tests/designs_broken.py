@@ -1,0 +1,73 @@
+"""Designs that are wrong on purpose, so the counts they must produce are known in advance.
+
+KnownFaultsQueue, per enqueued job index i:
+    i % 10 == 3   dropped at enqueue                  -> lost
+    i % 10 == 5   pushed twice                        -> duplicated (2 completions)
+    i % 10 == 7   parked in a list no worker reads    -> stranded ("parked")
+    i % 10 == 9   put straight into the dead letters  -> dead-lettered
+and one job the producer never enqueued ("phantom")  -> unexpected
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from crashbench.designs import Design, Job, QueueState
+
+
+class KnownFaultsQueue(Design):
+    name = "known-faults"
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            raw = json.dumps({"id": job.id, "payload": job.payload})
+            kind = int(job.id) % 10
+            if kind == 3:
+                continue
+            if kind == 7:
+                pipe.lpush(self.key("parked"), raw)
+            elif kind == 9:
+                pipe.lpush(self.key("dead"), raw)
+            else:
+                pipe.lpush(self.key("pending"), raw)
+                if kind == 5:
+                    pipe.lpush(self.key("pending"), raw)
+        if not self.r.exists(self.key("phantom-sent")):
+            pipe.set(self.key("phantom-sent"), 1)
+            pipe.lpush(self.key("pending"), json.dumps({"id": "phantom", "payload": ""}))
+        pipe.execute()
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        item = self.r.brpop([self.key("pending")], timeout=timeout)
+        if item is None:
+            return None
+        data = json.loads(item[1])
+        return Job(data["id"], data["payload"])
+
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        pass
+
+    def backlog(self) -> int:
+        return int(self.r.llen(self.key("pending")))
+
+    def state(self) -> QueueState:
+        held = {json.loads(raw)["id"]: "parked" for raw in self.r.lrange(self.key("parked"), 0, -1)}
+        held |= {json.loads(raw)["id"]: "pending" for raw in self.r.lrange(self.key("pending"), 0, -1)}
+        dead = {json.loads(raw)["id"] for raw in self.r.lrange(self.key("dead"), 0, -1)}
+        return QueueState(held=held, dead_lettered=dead)
+
+
+class FetchRaises(KnownFaultsQueue):
+    """Every worker dies on its first fetch: the run must abort cleanly, with the worker's error."""
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        raise RuntimeError("fetch is broken on purpose")
+
+
+class BacklogRaises(KnownFaultsQueue):
+    """The runner's own call fails mid-run: every worker must still be stopped."""
+
+    def backlog(self) -> int:
+        raise RuntimeError("backlog is broken on purpose")

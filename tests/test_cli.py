@@ -1,0 +1,131 @@
+"""The command line as a user runs it: real processes, real servers, exit codes, one-screen errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--jobs", "600", "--job-ms", "5", "--interval", "0.1", "--stale-after", "0.3", "--recover-every", "0.05"]
+
+
+def crashbench(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "crashbench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        check=False,
+    )
+
+
+def assert_clean_error(cp: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert cp.returncode == code, cp.stderr + cp.stdout
+    assert "Traceback" not in cp.stderr + cp.stdout
+    assert len(cp.stderr.splitlines()) < 25  # one screen
+    for fragment in fragments:
+        assert fragment in cp.stderr
+
+
+def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    cp = crashbench("run", "--design", "naive", "--kills", "2", *SMALL, "--json", "--out", str(out), tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    data = json.loads(cp.stdout)
+    assert data == json.loads(out.read_text())
+    assert (data["schema"], data["schema_version"]) == ("crashbench.result", 1)
+    assert data["scenario"]["jobs"] == 600 and data["scenario"]["seed"] == 1
+    run = data["runs"][0]
+    assert run["counts"]["lost"] == run["counts"]["kills_mid_job"] == 2
+    assert [k["mid_job"] for k in run["kills"]] == [True, True]
+    assert {"at", "slot", "worker", "pid", "signal", "job", "replacement_ready_ms"} <= set(run["kills"][0])
+    env = data["environment"]
+    assert env["server_mode"] == "embedded" and env["server_version"] and env["redis_py"] and env["python"]
+    assert [e["met"] for e in run["expectations"]] == [True] * len(run["expectations"])
+
+
+def test_results_go_to_results_dir_by_default_and_table_is_printed(tmp_path: Path) -> None:
+    cp = crashbench(
+        "compare", "--designs", "naive,reliable", "--kills", "1", *SMALL, "--out", str(tmp_path), tmp_path=tmp_path
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert "naive" in cp.stdout and "reliable" in cp.stdout and "lost" in cp.stdout
+    files = list(tmp_path.glob("*-compare-default-naive-reliable.json"))
+    assert len(files) == 1
+
+
+def test_failed_expectation_exits_1_and_is_marked(tmp_path: Path) -> None:
+    sc = tmp_path / "strict.toml"
+    sc.write_text('name = "strict"\n[faults]\nkills = 2\n[expect.naive]\nlost = 0\n')
+    cp = crashbench("run", "-d", "naive", "--scenario", str(sc), *SMALL, "--out", str(tmp_path), tmp_path=tmp_path)
+    assert cp.returncode == 1, cp.stderr
+    assert "✗ naive: lost == 0 (got 2)" in cp.stdout
+
+
+def test_bad_scenario_exits_2_listing_every_problem(tmp_path: Path) -> None:
+    sc = tmp_path / "bad.toml"
+    sc.write_text("[workload]\njobs = 0\n[faults]\ninterval = -1\n")
+    cp = crashbench("run", "--scenario", str(sc), tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "2 problem(s)", "workload.jobs", "faults.interval")
+
+
+def test_bad_option_value_exits_2(tmp_path: Path) -> None:
+    assert_clean_error(crashbench("run", "--signal", "SIGSTOP", tmp_path=tmp_path), 2, "faults.signal")
+    assert_clean_error(crashbench("run", "--kill-when", "never", tmp_path=tmp_path), 2, "kill-when")
+
+
+def test_unknown_design_exits_2_naming_the_known_ones(tmp_path: Path) -> None:
+    assert_clean_error(crashbench("run", "--design", "nope", tmp_path=tmp_path), 2, "unknown design 'nope'", "naive")
+    assert_clean_error(crashbench("run", "--design", "no_such_pkg.mod:Q", tmp_path=tmp_path), 2, "cannot import")
+
+
+def test_missing_server_binary_exits_3_with_the_fix(tmp_path: Path) -> None:
+    cp = crashbench("run", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
+    assert_clean_error(cp, 3, "not found", "hint")
+
+
+def test_unreachable_server_exits_3(tmp_path: Path) -> None:
+    cp = crashbench("run", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
+    assert_clean_error(cp, 3, "cannot reach redis://127.0.0.1:1/0", "hint")
+
+
+def test_external_server_keeps_its_foreign_keys_and_loses_ours(valkey_url: str, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(valkey_url, decode_responses=True)
+    client.set("app:user:1", "alice")
+    client.rpush("app:jobs", "x", "y")
+    client.set("crashbench:someone-else", "theirs")
+    before = {k: client.type(k) for k in client.scan_iter()}
+    cp = crashbench(
+        "compare", "--kills", "2", *SMALL, "--redis-url", valkey_url, "--out", str(tmp_path), tmp_path=tmp_path
+    )
+    assert cp.returncode == 0, cp.stderr
+    after = {k: client.type(k) for k in client.scan_iter()}
+    assert after == before
+    assert client.get("app:user:1") == "alice" and client.lrange("app:jobs", 0, -1) == ["x", "y"]
+    assert client.get("crashbench:someone-else") == "theirs"
+    client.delete("app:user:1", "app:jobs", "crashbench:someone-else")
+    client.close()
+
+
+def test_list_shows_designs_and_scenarios(tmp_path: Path) -> None:
+    cp = crashbench("list", tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    for name in ("naive", "reliable", "stream", "default"):
+        assert name in cp.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_help_documents_every_option(command: str, tmp_path: Path) -> None:
+    cp = crashbench(command, "--help", tmp_path=tmp_path)
+    assert cp.returncode == 0
+    for option in ("--scenario", "--jobs", "--job-ms", "--workers", "--kills", "--interval", "--signal", "--seed",
+                   "--kill-when", "--redis-url", "--server", "--keep", "--out", "--json"):  # fmt: skip
+        assert option in cp.stdout

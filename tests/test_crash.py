@@ -1,0 +1,113 @@
+"""Crash tests against real servers with real SIGKILLs: the designs' losses are known in advance."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from crashbench.errors import RunAborted
+from crashbench.results import DesignRun
+from crashbench.scenario import Scenario
+from crashbench.session import run_designs
+
+
+def assert_counts_add_up(run: DesignRun) -> None:
+    c = run.counts
+    assert run.count_problems == []
+    assert c.done + c.lost + c.stranded + c.dead_lettered == c.enqueued
+
+
+def test_reliable_and_stream_lose_nothing_under_mid_job_kills(server_url: str, small: Scenario) -> None:
+    result = run_designs(small, ["reliable", "stream"], redis_url=server_url)
+    for run in result.runs:
+        c = run.counts
+        assert_counts_add_up(run)
+        assert run.timings.drained
+        assert (c.kills, c.kills_mid_job) == (5, 5), run.kills
+        assert c.lost == 0 and c.stranded == 0 and c.dead_lettered == 0
+        assert c.done == c.enqueued == 600
+        # Each killed worker held exactly one job, and recovery gave exactly that one back (a job
+        # given back can be hit again by a later kill, so distinct jobs are the distinct victims' jobs).
+        assert c.interrupted == 5
+        assert c.requeue_events == 5
+        assert c.requeued == len({k.job for k in run.kills})
+        # Killed inside the handler, before the end record: the job ran to completion once, not twice.
+        assert c.duplicated == 0
+
+
+def test_naive_loses_exactly_one_job_per_mid_job_kill(server_url: str, small: Scenario) -> None:
+    run = run_designs(small, ["naive"], redis_url=server_url).runs[0]
+    c = run.counts
+    assert_counts_add_up(run)
+    assert c.kills_mid_job == 5
+    assert c.lost == 5
+    assert c.done == 595
+    assert c.interrupted == 5
+    assert c.requeued == 0
+    # The lost jobs are exactly the ones the kills interrupted.
+    assert set(run.jobs["lost"]) == {k.job for k in run.kills}
+
+
+@pytest.mark.parametrize("design", ["naive", "reliable", "stream"])
+def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, [design], redis_url=valkey_url).runs[0]
+    c = run.counts
+    assert_counts_add_up(run)
+    assert c.done == c.enqueued == c.executions == 600
+    assert (c.lost, c.duplicated, c.extra_executions, c.requeued, c.interrupted) == (0, 0, 0, 0, 0)
+
+
+def test_compare_uses_one_fault_schedule_for_every_design(valkey_url: str, small: Scenario) -> None:
+    result = run_designs(small, ["naive", "reliable", "stream"], redis_url=valkey_url, kind="compare")
+    schedules = [[(k.index, k.planned_at, k.slot) for k in run.kills] for run in result.runs]
+    assert schedules[0] == schedules[1] == schedules[2]
+    assert len(schedules[0]) == 5
+    again = run_designs(small, ["naive"], redis_url=valkey_url).runs[0]
+    assert [(k.planned_at, k.slot) for k in again.kills] == [(k.planned_at, k.slot) for k in result.runs[0].kills]
+
+
+def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kill_when="any")
+    run = run_designs(sc, ["reliable"], redis_url=valkey_url).runs[0]
+    assert_counts_add_up(run)
+    assert run.counts.lost == 0
+    assert run.counts.kills == 5
+    assert run.counts.done == 600
+
+
+def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, jobs=100, kills=0)
+    run = run_designs(sc, ["designs_broken:KnownFaultsQueue"], redis_url=valkey_url).runs[0]
+    c = run.counts
+    assert_counts_add_up(run)
+    assert c.enqueued == 100
+    assert c.lost == 10
+    assert c.duplicated == 10 and c.extra_executions == 10
+    assert c.stranded == 10 and c.stranded_at == {"parked": 10}
+    assert c.dead_lettered == 10
+    assert c.unexpected == 1
+    assert c.done == 70
+    assert c.executions == 60 + 20 + 1
+    assert sorted(run.duplicates) == [f"{i:06d}" for i in range(5, 100, 10)]
+
+
+def test_user_design_from_examples_survives_kills(valkey_url: str, small: Scenario) -> None:
+    run = run_designs(small, ["examples.visibility_queue:VisibilityTimeoutQueue"], redis_url=valkey_url).runs[0]
+    assert_counts_add_up(run)
+    assert run.counts.kills_mid_job == 5
+    assert run.counts.lost == 0
+    assert run.counts.requeued == len({k.job for k in run.kills})
+
+
+def test_workers_that_crash_on_their_own_abort_the_run_with_their_error(valkey_url: str, small: Scenario) -> None:
+    with pytest.raises(RunAborted, match="fetch is broken on purpose"):
+        run_designs(small, ["designs_broken:FetchRaises"], redis_url=valkey_url)
+
+
+def test_an_exception_in_the_runner_still_stops_every_worker(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    with pytest.raises(RuntimeError, match="backlog is broken on purpose"):
+        run_designs(sc, ["designs_broken:BacklogRaises"], redis_url=valkey_url)
+    # The autouse fixture checks that no worker outlived the exception.

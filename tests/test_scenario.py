@@ -1,0 +1,89 @@
+"""Scenario files: defaults, validation that reports every problem, overrides, the seeded schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crashbench import scenario
+from crashbench.errors import ScenarioError
+from crashbench.runner import plan_kills
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_shipped_scenario_is_valid() -> None:
+    paths = sorted((ROOT / "scenarios").glob("*.toml"))
+    assert paths
+    for path in paths:
+        assert scenario.load(str(path)).source == str(path)
+
+
+def test_default_scenario_is_the_lessons_crash_test() -> None:
+    sc = scenario.load("default")
+    assert (sc.jobs, sc.job_ms, sc.workers, sc.kills, sc.interval, sc.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
+    assert sc.kill_when == "mid-job"
+    assert sc.ideal_s == 5.0
+    assert [str(e) for e in sc.expect["reliable"]][:2] == ["lost == 0", "stranded == 0"]
+
+
+def test_validation_lists_every_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        """
+[workload]
+jobs = -1
+workrs = 4
+[faults]
+signal = "SIGSTOP"
+kill_when = "sometimes"
+[expect.reliable]
+lost = "about zero"
+missing = 0
+[extras]
+"""
+    )
+    with pytest.raises(ScenarioError) as info:
+        scenario.load(str(bad))
+    text = info.value.message
+    for fragment in ("workload.jobs", "workload.workrs", "SIGSTOP", "kill_when", "about zero", "'missing'", "extras"):
+        assert fragment in text
+    assert len(info.value.problems) == 7
+
+
+def test_not_toml_is_a_clear_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[workload\njobs = ")
+    with pytest.raises(ScenarioError, match="not valid TOML"):
+        scenario.load(str(bad))
+
+
+def test_unknown_scenario_names_the_known_ones() -> None:
+    with pytest.raises(ScenarioError, match=r"known: .*default"):
+        scenario.load("no-such-scenario")
+
+
+def test_overrides_replace_and_are_validated() -> None:
+    sc = scenario.load("default").with_overrides(kills=2, signal="term", jobs=None)
+    assert (sc.kills, sc.signal, sc.jobs) == (2, "SIGTERM", 2000)
+    with pytest.raises(ScenarioError, match=r"workload\.workers"):
+        sc.with_overrides(workers=0)
+
+
+def test_expectations_compare_with_numbers_and_other_counts() -> None:
+    e = scenario.parse_expectation("lost", "== kills_mid_job")
+    assert isinstance(e, scenario.Expectation)
+    assert e.evaluate({"lost": 5, "kills_mid_job": 5}) == (True, 5, 5)
+    e2 = scenario.parse_expectation("duplicated", "<= 2")
+    assert isinstance(e2, scenario.Expectation)
+    assert e2.evaluate({"duplicated": 3}) == (False, 3, 2)
+    assert isinstance(scenario.parse_expectation("lost", True), str)
+
+
+def test_same_seed_same_schedule_other_seed_other_victims() -> None:
+    sc = scenario.Scenario(kills=20, workers=4)
+    assert plan_kills(sc) == plan_kills(sc)
+    other = plan_kills(sc.with_overrides(seed=2))
+    assert [k.slot for k in other] != [k.slot for k in plan_kills(sc)]
+    assert [k.at for k in plan_kills(sc)][:3] == [0.5, 1.0, 1.5]
