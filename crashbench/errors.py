@@ -1,6 +1,6 @@
 """Exit codes and the errors that map onto them.
 
-Every way crashbench can end is one member of `ExitCode`; the README's table is generated from the
+Every way crashbench can end is one member of `ExitCode`; the README's table lists the
 same names. Core modules raise `CrashbenchError` subclasses; only the CLI turns them into an exit.
 """
 

@@ -18,6 +18,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 
 class LedgerWriter:
@@ -50,7 +51,7 @@ class Execution:
 @dataclass(slots=True)
 class _Tail:
     path: Path
-    offset: int = 0
+    file: BinaryIO | None = None  # kept open: the runner polls every few milliseconds
     rest: bytes = b""
     ready_at: float | None = None
     open: Execution | None = None  # the execution this worker is inside right now
@@ -75,15 +76,14 @@ class Ledger:
         names = [worker] if worker is not None else list(self._tails)
         for name in names:
             tail = self._tails[name]
-            try:
-                with open(tail.path, "rb") as f:
-                    f.seek(tail.offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                continue
+            if tail.file is None:
+                try:
+                    tail.file = open(tail.path, "rb", buffering=0)  # noqa: SIM115 - closed in close()
+                except FileNotFoundError:
+                    continue  # the worker has not created it yet
+            chunk = tail.file.read()
             if not chunk:
                 continue
-            tail.offset += len(chunk)
             data = tail.rest + chunk
             lines = data.split(b"\n")
             tail.rest = lines.pop()  # an unfinished last line waits for the next poll
@@ -113,6 +113,12 @@ class Ledger:
     def inside(self, worker: str) -> Execution | None:
         """The execution `worker` is inside, as of the last poll."""
         return self._tails[worker].open
+
+    def close(self) -> None:
+        for tail in self._tails.values():
+            if tail.file is not None:
+                tail.file.close()
+                tail.file = None
 
     @property
     def done(self) -> int:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench.errors import ExitCode
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--jobs", "600", "--job-ms", "5", "--interval", "0.1", "--stale-after", "0.3", "--recover-every", "0.05"]
 
@@ -129,3 +131,9 @@ def test_help_documents_every_option(command: str, tmp_path: Path) -> None:
     for option in ("--scenario", "--jobs", "--job-ms", "--workers", "--kills", "--interval", "--signal", "--seed",
                    "--kill-when", "--redis-url", "--server", "--keep", "--out", "--json"):  # fmt: skip
         assert option in cp.stdout
+
+
+def test_readme_documents_every_exit_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for code in ExitCode:
+        assert f"| {code.value} | `{code.name}` |" in readme
