@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from crashbench.designs import Design, Job, QueueState
+from crashbench.designs import Job, QueueState
+from crashbench.designs.naive import NaiveQueue
 
 
-class KnownFaultsQueue(Design):
+class KnownFaultsQueue(NaiveQueue):
+    """The naive queue's fetch and backlog, with an enqueue and a state that misbehave on purpose."""
+
     name = "known-faults"
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
@@ -38,19 +41,6 @@ class KnownFaultsQueue(Design):
             pipe.set(self.key("phantom-sent"), 1)
             pipe.lpush(self.key("pending"), json.dumps({"id": "phantom", "payload": ""}))
         pipe.execute()
-
-    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
-        item = self.r.brpop([self.key("pending")], timeout=timeout)
-        if item is None:
-            return None
-        data = json.loads(item[1])
-        return Job(data["id"], data["payload"])
-
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        pass
-
-    def backlog(self) -> int:
-        return int(self.r.llen(self.key("pending")))
 
     def state(self) -> QueueState:
         held = {json.loads(raw)["id"]: "parked" for raw in self.r.lrange(self.key("parked"), 0, -1)}
