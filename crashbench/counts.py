@@ -1,6 +1,6 @@
 """From evidence to counts: the ledger (what ran), the queue's final state (what it holds) and the
 list of enqueued ids. Outcome classes are decided per job, in this order, so each enqueued job is
-in exactly one: done, dead-lettered, stranded, lost. Everything else counts events, not jobs.
+in exactly one: done, dead-lettered, stranded, failed, lost. Everything else counts events, not jobs.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from crashbench.designs import QueueState
 from crashbench.ledger import Execution
+from crashbench.workload import Workload
 
 
 @dataclass(slots=True)
@@ -20,10 +21,16 @@ class Counts:
     done: int = 0  # its handler ran to completion at least once
     dead_lettered: int = 0  # never completed; the queue dead-lettered it
     stranded: int = 0  # never completed, not dead; the queue still holds it after the final recovery
+    failed: int = 0  # never completed, its handler raised, and the queue let it go (no retry left, no DLQ)
     lost: int = 0  # never completed, and the queue has no trace of it
     # events and anomalies
     duplicated: int = 0  # jobs completed more than once
+    duplicated_overlapping: int = 0  # ... two of whose completions ran at the same time (a stolen live job)
+    duplicated_sequential: int = 0  # ... run again only after a completion (e.g. killed before the ack)
     extra_executions: int = 0  # completions beyond the first, over all jobs
+    failed_attempts: int = 0  # executions whose handler raised
+    retried: int = 0  # jobs started again after a failed attempt
+    dead_lettered_poison: int = 0  # dead-lettered jobs the design dead-lettered for failing, not for crashing
     requeued: int = 0  # jobs recovery gave back at least once
     requeue_events: int = 0  # times recovery gave a job back
     unexpected: int = 0  # ids executed that were never enqueued
@@ -31,10 +38,12 @@ class Counts:
     interrupted: int = 0  # handler starts that never finished (the worker died inside)
     kills: int = 0
     kills_mid_job: int = 0
+    poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
+    transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
     stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
 
     def outcome_total(self) -> int:
-        return self.done + self.dead_lettered + self.stranded + self.lost
+        return self.done + self.dead_lettered + self.stranded + self.failed + self.lost
 
     def problems(self) -> list[str]:
         """Arithmetic that must hold for any run; a non-empty list means crashbench itself is wrong."""
@@ -42,7 +51,12 @@ class Counts:
         if self.outcome_total() != self.enqueued:
             p.append(
                 f"done {self.done} + dead-lettered {self.dead_lettered} + stranded {self.stranded} "
-                f"+ lost {self.lost} = {self.outcome_total()}, not enqueued {self.enqueued}"
+                f"+ failed {self.failed} + lost {self.lost} = {self.outcome_total()}, not enqueued {self.enqueued}"
+            )
+        if self.duplicated_overlapping + self.duplicated_sequential != self.duplicated:
+            p.append(
+                f"duplicated {self.duplicated} is not overlapping {self.duplicated_overlapping} "
+                f"+ sequential {self.duplicated_sequential}"
             )
         if sum(self.stranded_at.values()) != self.stranded:
             p.append(f"stranded {self.stranded} but the locations add up to {sum(self.stranded_at.values())}")
@@ -58,13 +72,27 @@ class Counts:
         return d
 
 
-def classify(enqueued: Collection[str], completed: Counter[str], queue: QueueState) -> dict[str, set[str]]:
-    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, lost."""
+def classify(
+    enqueued: Collection[str], completed: Counter[str], failed: set[str], queue: QueueState
+) -> dict[str, set[str]]:
+    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, failed, lost."""
     ids = set(enqueued)
     done = {j for j in ids if completed[j] > 0}
     dead = (queue.dead_lettered & ids) - done
     stranded = (set(queue.held) & ids) - done - dead
-    return {"done": done, "dead_lettered": dead, "stranded": stranded, "lost": ids - done - dead - stranded}
+    gone = ids - done - dead - stranded
+    return {"done": done, "dead_lettered": dead, "stranded": stranded, "failed": gone & failed, "lost": gone - failed}
+
+
+def _overlapping(runs: list[Execution]) -> bool:
+    """Did two of these completed executions of one job run at the same time?"""
+    runs = sorted(runs, key=lambda e: e.start)
+    latest_end = runs[0].end or 0.0
+    for ex in runs[1:]:
+        if ex.start < latest_end:
+            return True
+        latest_end = max(latest_end, ex.end or 0.0)
+    return False
 
 
 def count(
@@ -73,36 +101,56 @@ def count(
     queue: QueueState,
     kills: int = 0,
     kills_mid_job: int = 0,
+    workload: Workload | None = None,
 ) -> tuple[Counts, dict[str, set[str]]]:
     """The counts, and the ids behind each outcome class."""
-    completed: Counter[str] = Counter()
-    started: set[str] = set()
+    completions: dict[str, list[Execution]] = {}
+    starts: dict[str, list[float]] = {}
+    failed_runs: list[Execution] = []
     n_exec = interrupted = 0
     for ex in executions:
         n_exec += 1
-        started.add(ex.job)
+        starts.setdefault(ex.job, []).append(ex.start)
         if ex.end is None:
             interrupted += 1
+        elif ex.failed:
+            failed_runs.append(ex)
         else:
-            completed[ex.job] += 1
+            completions.setdefault(ex.job, []).append(ex)
     ids = set(enqueued)
-    classes = classify(ids, completed, queue)
+    completed = Counter({j: len(runs) for j, runs in completions.items()})
+    failed_ids = {ex.job for ex in failed_runs}
+    classes = classify(ids, completed, failed_ids, queue)
     where = Counter(queue.held[j].split(":")[0] for j in classes["stranded"])
+    dups = [j for j in ids if completed[j] > 1]
+    overlapping = sum(1 for j in dups if _overlapping(completions[j]))
+    first_failure: dict[str, float] = {}
+    for ex in failed_runs:
+        first_failure[ex.job] = min(first_failure.get(ex.job, ex.start), ex.start)
+    retried = {j for j, t in first_failure.items() if any(s > t for s in starts[j])}
     counts = Counts(
         enqueued=len(ids),
         done=len(classes["done"]),
         dead_lettered=len(classes["dead_lettered"]),
         stranded=len(classes["stranded"]),
+        failed=len(classes["failed"]),
         lost=len(classes["lost"]),
-        duplicated=sum(1 for j in ids if completed[j] > 1),
-        extra_executions=sum(c - 1 for j, c in completed.items() if j in ids and c > 1),
+        duplicated=len(dups),
+        duplicated_overlapping=overlapping,
+        duplicated_sequential=len(dups) - overlapping,
+        extra_executions=sum(completed[j] - 1 for j in dups),
+        failed_attempts=len(failed_runs),
+        retried=len(retried & ids),
+        dead_lettered_poison=len(classes["dead_lettered"] & queue.poisoned),
         requeued=len(queue.requeued & ids),
         requeue_events=queue.requeue_events,
-        unexpected=len(started - ids),
+        unexpected=len(set(starts) - ids),
         executions=n_exec,
         interrupted=interrupted,
         kills=kills,
         kills_mid_job=kills_mid_job,
+        poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload else 0,
+        transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload else 0,
         stranded_at=dict(sorted(where.items())),
     )
     return counts, classes

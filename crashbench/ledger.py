@@ -7,6 +7,7 @@ Records, one per line, times on the harness clock (time.monotonic()):
     R <t>            the worker is ready (the READY handshake)
     S <job> <t>      the handler of <job> starts  (the start marker: the worker is inside a handler)
     E <job> <t>      the handler of <job> ended, written before the ack
+    F <job> <t>      the handler of <job> raised (the job failed), written before the design's fail
 
 The runner tails all files as the run goes (`Ledger.poll`), which gives live progress, tells the
 fault scheduler which worker is inside a handler, and in the end every execution of every job.
@@ -36,6 +37,9 @@ class LedgerWriter:
     def end(self, job_id: str, now: float) -> None:
         os.write(self.fd, b"E %s %.6f\n" % (job_id.encode(), now))
 
+    def fail(self, job_id: str, now: float) -> None:
+        os.write(self.fd, b"F %s %.6f\n" % (job_id.encode(), now))
+
     def close(self) -> None:
         os.close(self.fd)
 
@@ -46,6 +50,11 @@ class Execution:
     worker: str
     start: float
     end: float | None = None  # None: the handler never finished (the worker died inside it)
+    failed: bool = False  # the handler raised; `end` is when
+
+    @property
+    def completed(self) -> bool:
+        return self.end is not None and not self.failed
 
 
 @dataclass(slots=True)
@@ -98,14 +107,17 @@ class Ledger:
             ex = Execution(rest[0], worker, float(rest[1]))
             self.executions.append(ex)
             tail.open = ex
-        elif kind == "E":
+        elif kind in ("E", "F"):
             job, t = rest[0], float(rest[1])
-            if tail.open is not None and tail.open.job == job:
-                tail.open.end = t
-            else:  # an end without its start cannot come from our writer; keep it visible, not silent
-                self.executions.append(Execution(job, worker, t, t))
+            if tail.open is None or tail.open.job != job:
+                # An end without its start cannot come from our writer; keep it visible, not silent.
+                tail.open = Execution(job, worker, t)
+                self.executions.append(tail.open)
+            tail.open.end = t
+            tail.open.failed = kind == "F"
             tail.open = None
-            self.completed[job] += 1
+            if kind == "E":
+                self.completed[job] += 1
 
     def ready_at(self, worker: str) -> float | None:
         return self._tails[worker].ready_at

@@ -15,14 +15,28 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("done", "done"),
     ("lost", "lost"),
     ("stranded", "stranded"),
+    ("failed", "failed"),
     ("dead-lettered", "dead_lettered"),
+    ("  of which poison", "dead_lettered_poison"),
     ("duplicated", "duplicated"),
+    ("  overlapping", "duplicated_overlapping"),
+    ("  sequential", "duplicated_sequential"),
     ("extra executions", "extra_executions"),
     ("requeued", "requeued"),
+    ("failed attempts", "failed_attempts"),
+    ("retried", "retried"),
     ("unexpected", "unexpected"),
     ("interrupted", "interrupted"),
 )
-ALARM = {"lost", "stranded", "duplicated", "extra_executions", "unexpected"}
+ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected"}
+# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
+OPTIONAL = {
+    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
+}  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
 
 
 def _failed_counts(run: DesignRun) -> set[str]:
@@ -31,22 +45,24 @@ def _failed_counts(run: DesignRun) -> set[str]:
 
 def result_table(result: Result) -> Group:
     sc = result.scenario
-    title = (
+    design = f"{result.runs[0].design}: " if result.kind == "sweep" and result.runs else ""
+    title = design + (
         f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
         f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("", style="bold")
     for run in result.runs:
-        table.add_column(run.design, justify="right")
-    failed = {run.design: _failed_counts(run) for run in result.runs}
+        table.add_column(run.variant or run.design, justify="right")
+    failed = [_failed_counts(run) for run in result.runs]
     for label, key in ROWS:
+        if key in OPTIONAL and not any(getattr(run.counts, key) for run in result.runs):
+            continue
         cells = []
-        for run in result.runs:
+        for run, bad in zip(result.runs, failed, strict=True):
             value = getattr(run.counts, key)
-            style = "red" if key in failed[run.design] else ("yellow" if value and key in ALARM else "")
-            mark = " ✗" if key in failed[run.design] else ""
-            cells.append(Text(f"{value}{mark}", style=style))
+            style = "red" if key in bad else ("yellow" if value and key in ALARM else "")
+            cells.append(Text(f"{value}{' ✗' if key in bad else ''}", style=style))
         table.add_row(label, *cells)
     table.add_section()
     table.add_row("kills (mid-job)", *[f"{r.counts.kills} ({r.counts.kills_mid_job})" for r in result.runs])
@@ -62,6 +78,9 @@ def result_table(result: Result) -> Group:
             for r in result.runs
         ],
     )
+    if any(r.timings.recovery_ms_max is not None for r in result.runs):
+        cells = [(r.timings.recovery_ms_p50, r.timings.recovery_ms_p95, r.timings.recovery_ms_max) for r in result.runs]
+        table.add_row("recovery p50 / p95 / max", *[" / ".join(_ms(v) for v in c) for c in cells])
     parts: list[Table | Text] = [table]
     for run in result.runs:
         if not run.timings.drained:

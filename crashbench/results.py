@@ -35,8 +35,9 @@ class KillRecord:
     mid_job: bool  # the victim was inside a handler when the signal landed
     job: str | None  # the job whose handler it was inside
     waited_ms: float  # how long the fault waited for the victim to be inside a handler
-    replacement: str
+    replacement: str | None  # None for a pause: the worker keeps its slot
     replacement_ready_ms: float | None = None  # kill -> replacement's READY
+    recovered_after_ms: float | None = None  # fault -> the interrupted job's next start (None: never ran again)
 
 
 @dataclass(slots=True)
@@ -58,6 +59,9 @@ class Timings:
     startup_ms_median: float  # worker spawn -> READY
     startup_ms_max: float
     restart_ms_median: float | None  # kill -> replacement READY
+    recovery_ms_p50: float | None = None  # fault -> next start of the job it interrupted
+    recovery_ms_p95: float | None = None
+    recovery_ms_max: float | None = None
 
     @property
     def ratio_to_ideal(self) -> float:
@@ -75,6 +79,7 @@ class ExpectationResult:
 @dataclass(slots=True)
 class DesignRun:
     design: str
+    variant: str  # what a sweep set for this run ("stale_after=0.5"); "" otherwise
     prefix: str
     seed: int
     counts: Counts

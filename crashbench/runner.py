@@ -8,6 +8,7 @@ Every process started here is stopped in `finally`, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import shutil
@@ -40,6 +41,13 @@ class PlannedKill:
     index: int
     at: float  # seconds after the workers start
     slot: int
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of already sorted values; None for none."""
+    if not sorted_values:
+        return None
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def plan_kills(scenario: Scenario) -> list[PlannedKill]:
@@ -116,11 +124,14 @@ class CrashRun:
         stop: StopFlag | None = None,
         keep_dir: bool = False,
         clock: Clock = time.monotonic,
+        index: int = 0,
+        variant: str = "",
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
         self.design_cls: type[Design] = load_design(design_spec)
-        self.prefix = f"crashbench:{run_id}:{safe_name(design_spec)}:"
+        self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
+        self.variant = variant
         self.url = redis_url
         self.progress = progress
         self.stop = stop or StopFlag()
@@ -132,7 +143,7 @@ class CrashRun:
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
         self.design = self.design_cls(self.client, self.prefix, scenario.settings())
         self.ledger = Ledger(self.dir / "ledger")
-        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(), scenario.job_ms)
+        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(), scenario.workload())
         parent = os.getpid()
 
         def prepare(name: str) -> Callable[[], int]:
@@ -146,6 +157,7 @@ class CrashRun:
         self.t0 = 0.0
         self._next_recover = 0.0
         self._next_progress = 0.0
+        self._paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -160,7 +172,8 @@ class CrashRun:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
     def _grace(self) -> float:
-        return 1.0 + self.sc.job_ms / 1000 * 2
+        # SIGTERM is a graceful stop: a worker first finishes the job it is in.
+        return 1.0 + 2 * self.sc.longest_job_s
 
     def _execute(self) -> DesignRun:
         self.design.setup()
@@ -196,6 +209,10 @@ class CrashRun:
         self.ledger.poll()
         self._collect_exits()
         now = self.clock()
+        for name, (resume_at, w) in list(self._paused.items()):
+            if now >= resume_at:
+                self.sup.thaw(w)
+                del self._paused[name]
         if now >= self._next_recover and self.phase != "starting":
             self.design.recover(now)
             self._next_recover = now + self.sc.recover_every
@@ -250,7 +267,7 @@ class CrashRun:
             self._tick()
             now = self.clock()
             victim = self.sup.slots[planned.slot]
-            if now < due or self.ledger.ready_at(victim.name) is None:
+            if now < due or self.ledger.ready_at(victim.name) is None or victim.name in self._paused:
                 time.sleep(self.TICK)
                 continue
             if mid_job_wanted and now < give_up:
@@ -275,11 +292,17 @@ class CrashRun:
 
     def _kill(self, planned: PlannedKill, victim: WorkerProcess, sig: int, due: float, frozen: bool) -> KillRecord:
         at = self.clock()
-        victim.signalled = sig
-        self.sup.send(victim, sig)
-        if frozen and sig != signal.SIGKILL:
-            self.sup.thaw(victim)  # let it act on the signal
-        replacement = self.sup.spawn(planned.slot)
+        replacement = None
+        if sig == signal.SIGSTOP:
+            # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
+            self.sup.send(victim, sig)
+            self._paused[victim.name] = (at + self.sc.pause, victim)
+        else:
+            victim.signalled = sig
+            self.sup.send(victim, sig)
+            if frozen and sig != signal.SIGKILL:
+                self.sup.thaw(victim)  # let it act on the signal
+            replacement = self.sup.spawn(planned.slot)
         if sig == signal.SIGKILL:
             self.sup.wait_exit(victim, 5.0)
         self.ledger.poll(victim.name)
@@ -295,7 +318,7 @@ class CrashRun:
             mid_job=inside is not None,
             job=inside.job if inside else None,
             waited_ms=round((at - due) * 1000, 3),
-            replacement=replacement.name,
+            replacement=replacement.name if replacement else None,
         )
 
     def _drain(self, deadline: float) -> bool:
@@ -313,15 +336,30 @@ class CrashRun:
 
     # -- counting --------------------------------------------------------------------------------
 
+    def _recovery_ms(self, k: KillRecord) -> float | None:
+        """Fault -> the next start of the job the victim was inside, by anyone: how long recovery took."""
+        if k.job is None:
+            return None
+        at = self.t0 + k.at
+        later = [ex.start for ex in self.ledger.executions if ex.job == k.job and ex.start > at]
+        return round((min(later) - at) * 1000, 3) if later else None
+
     def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
         state = self.design.state()
         c, classes = counting.count(
-            ids, self.ledger.executions, state, kills=len(self.kills), kills_mid_job=sum(k.mid_job for k in self.kills)
+            ids,
+            self.ledger.executions,
+            state,
+            kills=len(self.kills),
+            kills_mid_job=sum(k.mid_job for k in self.kills),
+            workload=self.sc.workload(),
         )
         for k in self.kills:
-            ready = self.ledger.ready_at(k.replacement)
+            ready = self.ledger.ready_at(k.replacement) if k.replacement else None
             if ready is not None:
                 k.replacement_ready_ms = round((ready - (self.t0 + k.at)) * 1000, 3)
+            k.recovered_after_ms = self._recovery_ms(k)
+        recoveries = sorted(k.recovered_after_ms for k in self.kills if k.recovered_after_ms is not None)
         startups = [
             (ready - w.spawned_at) * 1000
             for w in self.sup.workers
@@ -338,6 +376,9 @@ class CrashRun:
             startup_ms_median=round(statistics.median(startups), 3) if startups else 0.0,
             startup_ms_max=round(max(startups), 3) if startups else 0.0,
             restart_ms_median=round(statistics.median(restarts), 3) if restarts else None,
+            recovery_ms_p50=percentile(recoveries, 0.50),
+            recovery_ms_p95=percentile(recoveries, 0.95),
+            recovery_ms_max=recoveries[-1] if recoveries else None,
         )
         numbers = c.as_numbers()
         expectations = []
@@ -346,6 +387,7 @@ class CrashRun:
             expectations.append(ExpectationResult(str(e), actual, expected, met))
         return DesignRun(
             design=self.spec,
+            variant=self.variant,
             prefix=self.prefix,
             seed=self.sc.seed,
             counts=c,

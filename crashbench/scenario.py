@@ -2,9 +2,9 @@
 
     name = "lesson"
     description = "..."
-    [workload]  jobs, job_ms, workers
-    [faults]    kills, interval, signal, kill_when, seed
-    [queue]     stale_after, recover_every, max_attempts
+    [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
+    [faults]    kills, interval, signal, kill_when, seed, pause
+    [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every
     [run]       drain_timeout, designs
     [expect.<design>]  <count> = <int> | "<op> <int or count name>"   (op: == != <= >= < >)
 
@@ -22,38 +22,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crashbench.counts import Counts
 from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
+from crashbench.workload import DISTRIBUTIONS, Workload
 
 KILL_WHEN = ("mid-job", "any")
-# Signals that stop a process, or that a worker handles as a stop request. SIGSTOP and friends
-# (pauses) are not crashes and are refused here.
-FAULT_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2")
+# Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
+# pause it (SIGSTOP, resumed with SIGCONT after faults.pause seconds).
+FAULT_SIGNALS = (
+    "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2",
+)  # fmt: skip
 
-# Names an expectation may compare, and refer to on its right-hand side.
-COUNT_NAMES = (
-    "enqueued",
-    "done",
-    "lost",
-    "stranded",
-    "dead_lettered",
-    "duplicated",
-    "extra_executions",
-    "requeued",
-    "requeue_events",
-    "unexpected",
-    "executions",
-    "interrupted",
-    "kills",
-    "kills_mid_job",
-)
+# Names an expectation may compare, and refer to on its right-hand side: every count of a run.
+COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "workload": ("jobs", "job_ms", "workers"),
-    "faults": ("kills", "interval", "signal", "kill_when", "seed"),
-    "queue": ("stale_after", "recover_every", "max_attempts"),
+    "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
+                 "transient_failures"),
+    "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause"),
+    "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
+              "heartbeat_every"),
     "run": ("drain_timeout", "designs"),
-}
+}  # fmt: skip
+
+# Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
+SWEEPABLE = tuple(
+    name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
+    if name not in ("job_dist", "signal", "kill_when", "designs")
+)  # fmt: skip
 
 _EXPECT = re.compile(r"^\s*(==|!=|<=|>=|<|>)?\s*([A-Za-z_]\w*|-?\d+)\s*$")
 
@@ -91,23 +88,58 @@ class Scenario:
     jobs: int = 2000
     job_ms: float = 10.0
     workers: int = 4
+    job_dist: str = "fixed"
+    job_ms_max: float = 0.0  # cap of the longtail distribution; 0 means 100 x job_ms
+    poison_rate: float = 0.0  # share of jobs whose handler always raises
+    transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
+    transient_failures: int = 1
     # faults
     kills: int = 5
     interval: float = 0.5
     signal: str = "SIGKILL"
     kill_when: str = "mid-job"
     seed: int = 1
+    pause: float = 1.0  # seconds a SIGSTOPped worker stays paused before SIGCONT
     # queue
     stale_after: float = 1.0
     recover_every: float = 0.25
     max_attempts: int = 3
+    retry_base: float = 0.1
+    retry_factor: float = 4.0
+    retry_jitter: float = 0.25
+    heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     # run
     drain_timeout: float = 30.0
     designs: tuple[str, ...] = ()
     expect: dict[str, tuple[Expectation, ...]] = field(default_factory=dict)
 
     def settings(self) -> DesignSettings:
-        return DesignSettings(self.stale_after, self.recover_every, self.max_attempts)
+        return DesignSettings(
+            stale_after=self.stale_after,
+            recover_every=self.recover_every,
+            max_attempts=self.max_attempts,
+            retry_base=self.retry_base,
+            retry_factor=self.retry_factor,
+            retry_jitter=self.retry_jitter,
+            heartbeat_every=self.heartbeat_every,
+        )
+
+    def workload(self) -> Workload:
+        return Workload(
+            job_ms=self.job_ms,
+            job_dist=self.job_dist,
+            job_ms_max=self.job_ms_max,
+            poison_rate=self.poison_rate,
+            transient_rate=self.transient_rate,
+            transient_failures=self.transient_failures,
+            seed=self.seed,
+        )
+
+    @property
+    def longest_job_s(self) -> float:
+        if self.job_dist == "longtail":
+            return (self.job_ms_max or 100 * self.job_ms) / 1000
+        return self.job_ms * 1.5 / 1000
 
     @property
     def signum(self) -> int:
@@ -134,6 +166,15 @@ class Scenario:
         _positive_int(p, "workload.jobs", self.jobs)
         _positive_int(p, "workload.workers", self.workers)
         _non_negative(p, "workload.job_ms", self.job_ms)
+        if self.job_dist not in DISTRIBUTIONS:
+            p.append(f"workload.job_dist must be one of {', '.join(DISTRIBUTIONS)}, not {self.job_dist!r}")
+        _non_negative(p, "workload.job_ms_max", self.job_ms_max)
+        for name in ("poison_rate", "transient_rate"):
+            v = getattr(self, name)
+            if not _number(v) or not 0 <= v <= 1:
+                p.append(f"workload.{name} is a share of jobs, between 0 and 1, not {v!r}")
+        _positive_int(p, "workload.transient_failures", self.transient_failures)
+        _positive(p, "faults.pause", self.pause)
         if not isinstance(self.kills, int) or isinstance(self.kills, bool) or self.kills < 0:
             p.append(f"faults.kills must be a whole number >= 0, not {self.kills!r}")
         _positive(p, "faults.interval", self.interval)
@@ -146,6 +187,11 @@ class Scenario:
         _positive(p, "queue.stale_after", self.stale_after)
         _positive(p, "queue.recover_every", self.recover_every)
         _positive_int(p, "queue.max_attempts", self.max_attempts)
+        _non_negative(p, "queue.retry_base", self.retry_base)
+        if not _number(self.retry_factor) or self.retry_factor < 1:
+            p.append(f"queue.retry_factor must be a number >= 1, not {self.retry_factor!r}")
+        _non_negative(p, "queue.retry_jitter", self.retry_jitter)
+        _non_negative(p, "queue.heartbeat_every", self.heartbeat_every)
         _positive(p, "run.drain_timeout", self.drain_timeout)
         return p
 

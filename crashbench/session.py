@@ -1,52 +1,83 @@
-"""A session: one server (embedded or external), one scenario, one or more designs run in turn on
-the same fault schedule, and the result that comes out of it. This is the core's entry point; the
-CLI only parses options and renders."""
+"""A session: one server (embedded or external), and a list of crash runs on it — several designs on
+the same scenario and fault schedule (run, compare), or one design over a range of one setting
+(sweep) — and the result that comes out of it. This is the core's entry point; the CLI only parses
+options and renders."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 from collections.abc import Callable, Sequence
 
 import redis
 
 from crashbench.designs import load_design
-from crashbench.errors import ServerUnavailable
+from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.results import Result, environment, now_iso
 from crashbench.runner import CrashRun, Progress, StopFlag, cleanup_keys
-from crashbench.scenario import Scenario
+from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.server import open_server
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 
 
-def run_designs(
-    scenario: Scenario,
-    designs: Sequence[str],
-    *,
-    redis_url: str | None = None,
-    server_binary: str | None = None,
-    keep: bool = False,
-    progress: Callable[[Progress], None] | None = None,
-    stop: StopFlag | None = None,
-    kind: str = "run",
-) -> Result:
-    """Run each design on the scenario and return the typed result. Raises CrashbenchError subclasses."""
-    for spec in designs:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    redis_url: str | None = None
+    server_binary: str | None = None
+    keep: bool = False
+    progress: Callable[[Progress], None] | None = None
+    stop: StopFlag | None = None
+
+
+def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
+    """Each design on the same scenario and fault schedule. Raises CrashbenchError subclasses."""
+    return _run(scenario, [(scenario, d, "") for d in designs], options, kind)
+
+
+def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
+    """One scenario per value of `param` ("stale_after", "0.5,1,2"), each validated."""
+    if param not in SWEEPABLE:
+        raise UsageError(f"cannot sweep {param!r}", hint=f"sweepable settings: {', '.join(SWEEPABLE)}")
+    kind = int if type(getattr(scenario, param)) is int else float
+    out = []
+    for raw in (v.strip() for v in values.split(",")):
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise UsageError(f"{param}={raw!r}: not {'a whole number' if kind is int else 'a number'}") from None
+        out.append(scenario.with_overrides(**{param: value}))
+    if not out or not values.strip():
+        raise UsageError(f"no values to sweep {param} over")
+    return out
+
+
+def run_sweep(scenario: Scenario, design: str, param: str, values: str, options: Options = Options()) -> Result:
+    """One design, once per value of one setting; every other setting (and the seed) unchanged."""
+    runs = [(sc, design, f"{param}={getattr(sc, param):g}") for sc in sweep_values(scenario, param, values)]
+    return _run(scenario, runs, options, "sweep")
+
+
+def _run(base: Scenario, plan: list[tuple[Scenario, str, str]], options: Options, kind: str) -> Result:
+    for _, spec, _ in plan:
         load_design(spec)  # an unknown design is a usage error before any server starts
     run_id = secrets.token_hex(4)
-    with open_server(redis_url, server_binary) as server:
+    with open_server(options.redis_url, options.server_binary) as server:
         runs = []
         try:
-            for spec in designs:
-                crash = CrashRun(scenario, spec, server.url, run_id, progress=progress, stop=stop, keep_dir=keep)
+            for index, (scenario, spec, variant) in enumerate(plan):
+                crash = CrashRun(
+                    scenario, spec, server.url, run_id, progress=options.progress, stop=options.stop,
+                    keep_dir=options.keep, index=index, variant=variant,
+                )  # fmt: skip
                 runs.append(crash.execute())
         except redis.ConnectionError as exc:
             raise ServerUnavailable(f"lost the server at {server.url}: {exc}") from None
         finally:
-            if server.mode == "external" and not keep:
+            if server.mode == "external" and not options.keep:
                 # If the server is gone there is nothing left to clean on it.
                 with contextlib.suppress(redis.RedisError):
                     cleanup_keys(server.url, f"crashbench:{run_id}:")
         env = environment(server)
-    return Result(kind=kind, created=now_iso(), scenario=scenario.to_dict(), runs=runs, environment=env)
+    return Result(kind=kind, created=now_iso(), scenario=base.to_dict(), runs=runs, environment=env)

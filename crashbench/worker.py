@@ -1,8 +1,9 @@
 """The worker: the body of every forked worker process.
 
-Fetch a job, mark the start in the ledger, run the handler, mark the end, ack. Signal handlers
-only set a flag; the loop notices it between jobs (a graceful stop finishes the current job).
-A worker also stops on its own when the runner is gone (its parent pid changes).
+Fetch a job, mark the start in the ledger, run the handler, mark the end (or the failure), ack (or
+fail). Signal handlers only set a flag; the loop notices it between jobs, so SIGTERM is a graceful
+stop: the current job finishes, the design hands back anything else, the worker exits. A worker
+also stops on its own when the runner is gone (its parent pid changes).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from types import FrameType
 
 import redis
 
-from crashbench.designs import Design, DesignSettings
+from crashbench.designs import Design, DesignSettings, Job
 from crashbench.ledger import LedgerWriter
+from crashbench.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +30,21 @@ class WorkerSpec:
     design: type[Design]
     prefix: str
     settings: DesignSettings
-    job_ms: float
+    workload: Workload
     fetch_timeout: float = 0.1  # also bounds how late a worker notices a stop request
+
+
+def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
+    """The job's work: sleep its duration, heartbeating inside when that is on. False: it raised."""
+    remaining = spec.workload.duration_s(job.id)
+    every = spec.settings.heartbeat_every
+    while every and remaining > every:
+        time.sleep(every)
+        remaining -= every
+        design.heartbeat(name, job, time.monotonic())
+    if remaining > 0:
+        time.sleep(remaining)
+    return not spec.workload.fails(job.id, job.attempt)
 
 
 def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) -> int:
@@ -49,16 +64,20 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) 
     design.start_worker(name, clock())
     ledger.ready(clock())
 
-    job_seconds = spec.job_ms / 1000
     while not stopping and os.getppid() == parent_pid:
         job = design.fetch(name, spec.fetch_timeout, clock())
         if job is None:
             continue
         ledger.start(job.id, clock())
-        if job_seconds:
-            time.sleep(job_seconds)  # the handler: job_ms of "work"; the ledger's end record is its side effect
-        ledger.end(job.id, clock())
-        design.ack(name, job, clock())
+        # The ledger's end record is the handler's side effect; it is written before the ack.
+        if run_handler(spec, design, name, job):
+            ledger.end(job.id, clock())
+            design.ack(name, job, clock())
+        else:
+            ledger.fail(job.id, clock())
+            design.fail(name, job, clock())
+    if stopping:
+        design.stop_worker(name, clock())
     ledger.close()
     client.close()
     return 0

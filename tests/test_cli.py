@@ -79,9 +79,21 @@ def test_bad_scenario_exits_2_listing_every_problem(tmp_path: Path) -> None:
     assert_clean_error(cp, 2, "2 problem(s)", "workload.jobs", "faults.interval")
 
 
-def test_bad_option_value_exits_2(tmp_path: Path) -> None:
-    assert_clean_error(crashbench("run", "--signal", "SIGSTOP", tmp_path=tmp_path), 2, "faults.signal")
-    assert_clean_error(crashbench("run", "--kill-when", "never", tmp_path=tmp_path), 2, "kill-when")
+def test_bad_fault_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    # --server points nowhere: had anything started, the error would be exit 3, not 2.
+    nowhere = ["--server", "/nonexistent/redis-server"]
+    assert_clean_error(crashbench("run", "--signal", "SIGNOPE", *nowhere, tmp_path=tmp_path), 2, "faults.signal")
+    assert_clean_error(crashbench("run", "--kill-when", "never", *nowhere, tmp_path=tmp_path), 2, "kill-when")
+    assert_clean_error(crashbench("run", "--pause", "0", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
+    assert_clean_error(crashbench("run", "--pause", "-1", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
+    cp = crashbench("run", "--poison-rate", "1.5", "--transient-rate", "-0.1", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "workload.poison_rate", "workload.transient_rate")
+    cp = crashbench("sweep", "--param", "colour=1,2", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "cannot sweep 'colour'", "stale_after")
+    cp = crashbench("sweep", "--param", "stale_after=fast", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "not a number")
+    cp = crashbench("sweep", "--param", "stale_after=0,1", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "queue.stale_after")
 
 
 def test_unknown_design_exits_2_naming_the_known_ones(tmp_path: Path) -> None:

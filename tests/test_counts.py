@@ -7,13 +7,13 @@ from crashbench.designs import QueueState
 from crashbench.ledger import Execution
 
 
-def ex(job: str, done: bool = True, worker: str = "w0") -> Execution:
-    return Execution(job, worker, 1.0, 2.0 if done else None)
+def ex(job: str, done: bool = True, start: float = 1.0, failed: bool = False) -> Execution:
+    return Execution(job, "w0", start, start + 1.0 if done or failed else None, failed=failed)
 
 
 def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
-    enqueued = ["a", "b", "c", "d", "e", "f"]
-    executions = [ex("a"), ex("b"), ex("b"), ex("c", done=False), ex("x")]
+    enqueued = ["a", "b", "c", "d", "e", "f", "g"]
+    executions = [ex("a"), ex("b"), ex("b", start=5.0), ex("c", done=False), ex("x"), ex("g", failed=True)]
     # "a" completed but is also still held and dead-lettered: done wins, it is counted once.
     queue = QueueState(
         held={"a": "pending", "d": "processing:w1", "c": "pel:w2"},
@@ -22,12 +22,19 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
         requeue_events=3,
     )
     c, classes = count(enqueued, executions, queue, kills=2, kills_mid_job=1)
-    assert (c.done, c.dead_lettered, c.stranded, c.lost) == (2, 1, 2, 1)
-    assert classes == {"done": {"a", "b"}, "dead_lettered": {"e"}, "stranded": {"c", "d"}, "lost": {"f"}}
+    assert (c.done, c.dead_lettered, c.stranded, c.failed, c.lost) == (2, 1, 2, 1, 1)
+    assert classes == {
+        "done": {"a", "b"},
+        "dead_lettered": {"e"},
+        "stranded": {"c", "d"},
+        "failed": {"g"},
+        "lost": {"f"},
+    }
+    assert (c.failed_attempts, c.retried) == (1, 0)
     assert c.stranded_at == {"pel": 1, "processing": 1}
     assert (c.duplicated, c.extra_executions) == (1, 1)
     assert c.unexpected == 1  # "x" ran but was never enqueued
-    assert (c.executions, c.interrupted) == (5, 1)
+    assert (c.executions, c.interrupted) == (6, 1)
     assert (c.requeued, c.requeue_events) == (1, 3)  # "zz" is not ours
     assert c.problems() == []
 
@@ -41,5 +48,22 @@ def test_problems_catch_counts_that_do_not_add_up() -> None:
 
 
 def test_extra_executions_count_every_completion_beyond_the_first() -> None:
-    c, _ = count(["a", "b"], [ex("a"), ex("a"), ex("a"), ex("b")], QueueState())
+    c, _ = count(["a", "b"], [ex("a"), ex("a", start=3.0), ex("a", start=5.0), ex("b")], QueueState())
     assert (c.done, c.duplicated, c.extra_executions, c.executions) == (2, 1, 2, 4)
+    assert (c.duplicated_overlapping, c.duplicated_sequential) == (0, 1)
+
+
+def test_duplicates_are_overlapping_when_two_completions_ran_at_once() -> None:
+    # "a": 1.0-2.0 and 1.5-2.5 overlap (a live job taken over); "b": 1.0-2.0 then 3.0-4.0 do not.
+    runs = [ex("a"), ex("a", start=1.5), ex("b"), ex("b", start=3.0)]
+    c, _ = count(["a", "b"], runs, QueueState())
+    assert (c.duplicated, c.duplicated_overlapping, c.duplicated_sequential) == (2, 1, 1)
+
+
+def test_failed_attempts_and_retries_come_from_the_ledger() -> None:
+    poison = [ex("p", failed=True, start=t) for t in (1.0, 3.0, 6.0)]
+    runs = [*poison, ex("t", failed=True), ex("t", start=4.0)]
+    queue = QueueState(dead_lettered={"p"}, poisoned={"p"})
+    c, classes = count(["p", "t"], runs, queue)
+    assert (c.failed_attempts, c.retried, c.done, c.dead_lettered, c.dead_lettered_poison) == (4, 2, 1, 1, 1)
+    assert classes["done"] == {"t"} and classes["dead_lettered"] == {"p"}

@@ -9,7 +9,7 @@ import pytest
 from crashbench.errors import RunAborted
 from crashbench.results import DesignRun
 from crashbench.scenario import Scenario
-from crashbench.session import run_designs
+from crashbench.session import Options, run_designs
 
 
 def assert_counts_add_up(run: DesignRun) -> None:
@@ -19,7 +19,7 @@ def assert_counts_add_up(run: DesignRun) -> None:
 
 
 def test_reliable_and_stream_lose_nothing_under_mid_job_kills(server_url: str, small: Scenario) -> None:
-    result = run_designs(small, ["reliable", "stream"], redis_url=server_url)
+    result = run_designs(small, ["reliable", "stream"], Options(redis_url=server_url))
     for run in result.runs:
         c = run.counts
         assert_counts_add_up(run)
@@ -37,7 +37,7 @@ def test_reliable_and_stream_lose_nothing_under_mid_job_kills(server_url: str, s
 
 
 def test_naive_loses_exactly_one_job_per_mid_job_kill(server_url: str, small: Scenario) -> None:
-    run = run_designs(small, ["naive"], redis_url=server_url).runs[0]
+    run = run_designs(small, ["naive"], Options(redis_url=server_url)).runs[0]
     c = run.counts
     assert_counts_add_up(run)
     assert c.kills_mid_job == 5
@@ -52,7 +52,7 @@ def test_naive_loses_exactly_one_job_per_mid_job_kill(server_url: str, small: Sc
 @pytest.mark.parametrize("design", ["naive", "reliable", "stream"])
 def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
     sc = dataclasses.replace(small, kills=0)
-    run = run_designs(sc, [design], redis_url=valkey_url).runs[0]
+    run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_counts_add_up(run)
     assert c.done == c.enqueued == c.executions == 600
@@ -60,17 +60,17 @@ def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scena
 
 
 def test_compare_uses_one_fault_schedule_for_every_design(valkey_url: str, small: Scenario) -> None:
-    result = run_designs(small, ["naive", "reliable", "stream"], redis_url=valkey_url, kind="compare")
+    result = run_designs(small, ["naive", "reliable", "stream"], Options(redis_url=valkey_url), kind="compare")
     schedules = [[(k.index, k.planned_at, k.slot) for k in run.kills] for run in result.runs]
     assert schedules[0] == schedules[1] == schedules[2]
     assert len(schedules[0]) == 5
-    again = run_designs(small, ["naive"], redis_url=valkey_url).runs[0]
+    again = run_designs(small, ["naive"], Options(redis_url=valkey_url)).runs[0]
     assert [(k.planned_at, k.slot) for k in again.kills] == [(k.planned_at, k.slot) for k in result.runs[0].kills]
 
 
 def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kill_when="any")
-    run = run_designs(sc, ["reliable"], redis_url=valkey_url).runs[0]
+    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     assert_counts_add_up(run)
     assert run.counts.lost == 0
     assert run.counts.kills == 5
@@ -79,7 +79,7 @@ def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, sm
 
 def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, jobs=100, kills=0)
-    run = run_designs(sc, ["designs_broken:KnownFaultsQueue"], redis_url=valkey_url).runs[0]
+    run = run_designs(sc, ["designs_broken:KnownFaultsQueue"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_counts_add_up(run)
     assert c.enqueued == 100
@@ -94,7 +94,9 @@ def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_ur
 
 
 def test_user_design_from_examples_survives_kills(valkey_url: str, small: Scenario) -> None:
-    run = run_designs(small, ["examples.visibility_queue:VisibilityTimeoutQueue"], redis_url=valkey_url).runs[0]
+    run = run_designs(small, ["examples.visibility_queue:VisibilityTimeoutQueue"], Options(redis_url=valkey_url)).runs[
+        0
+    ]
     assert_counts_add_up(run)
     assert run.counts.kills_mid_job == 5
     assert run.counts.lost == 0
@@ -103,11 +105,11 @@ def test_user_design_from_examples_survives_kills(valkey_url: str, small: Scenar
 
 def test_workers_that_crash_on_their_own_abort_the_run_with_their_error(valkey_url: str, small: Scenario) -> None:
     with pytest.raises(RunAborted, match="fetch is broken on purpose"):
-        run_designs(small, ["designs_broken:FetchRaises"], redis_url=valkey_url)
+        run_designs(small, ["designs_broken:FetchRaises"], Options(redis_url=valkey_url))
 
 
 def test_an_exception_in_the_runner_still_stops_every_worker(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kills=0)
     with pytest.raises(RuntimeError, match="backlog is broken on purpose"):
-        run_designs(sc, ["designs_broken:BacklogRaises"], redis_url=valkey_url)
+        run_designs(sc, ["designs_broken:BacklogRaises"], Options(redis_url=valkey_url))
     # The autouse fixture checks that no worker outlived the exception.

@@ -36,7 +36,7 @@ def test_validation_lists_every_problem(tmp_path: Path) -> None:
 jobs = -1
 workrs = 4
 [faults]
-signal = "SIGSTOP"
+signal = "SIGBOGUS"
 kill_when = "sometimes"
 [expect.reliable]
 lost = "about zero"
@@ -47,7 +47,7 @@ missing = 0
     with pytest.raises(ScenarioError) as info:
         scenario.load(str(bad))
     text = info.value.message
-    for fragment in ("workload.jobs", "workload.workrs", "SIGSTOP", "kill_when", "about zero", "'missing'", "extras"):
+    for fragment in ("workload.jobs", "workload.workrs", "SIGBOGUS", "kill_when", "about zero", "'missing'", "extras"):
         assert fragment in text
     assert len(info.value.problems) == 7
 

@@ -1,9 +1,10 @@
 """The queue-design interface and the registry of designs by name.
 
-A design is a class with five duties: `enqueue` (producer), `fetch` and `ack` (worker), `recover`
-(the reaper, called by the harness on a timer) and `state` / `backlog` (what the queue still holds,
-for the counts). One instance per process: the harness makes one for enqueueing, reaping and
-inspection, and every worker makes its own after it is forked.
+A design is a class with five duties: `enqueue` (producer), `fetch` and `ack` (worker; `fail` when
+the handler raised), `recover` (the reaper and the delayed-retry mover, called by the harness on a
+timer) and `state` / `backlog` (what the queue still holds, for the counts). One instance per
+process: the harness makes one for enqueueing, reaping and inspection, and every worker makes its
+own after it is forked.
 
 Built-in designs are imported lazily, so a worker only imports the module it runs.
 """
@@ -32,6 +33,7 @@ class Job:
     id: str
     payload: str = ""
     receipt: Any = None
+    attempt: int = 1  # which attempt this delivery is (1 = first), as far as the design knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,15 @@ class DesignSettings:
     stale_after: float = 1.0  # seconds without a heartbeat / idle before recovery takes a job back
     recover_every: float = 0.25  # seconds between recovery passes (reaper loop, XAUTOCLAIM)
     max_attempts: int = 3  # deliveries of one job before it is dead-lettered
+    retry_base: float = 0.1  # delay before the first retry of a failed job, seconds
+    retry_factor: float = 4.0  # each further retry waits this many times longer
+    retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
+    heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
+
+    def retry_delay(self, attempt: int, u: float) -> float:
+        """Backoff after failed attempt number `attempt`; `u` in [0, 1) draws the jitter."""
+        base = self.retry_base * self.retry_factor ** (attempt - 1)
+        return base * (1 + self.retry_jitter * u)
 
 
 @dataclass(slots=True)
@@ -49,6 +60,7 @@ class QueueState:
 
     held: dict[str, str] = field(default_factory=dict)  # job id -> where ("pending", "processing:w3", ...)
     dead_lettered: set[str] = field(default_factory=set)
+    poisoned: set[str] = field(default_factory=set)  # dead-lettered because the handler kept failing
     requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
     requeue_events: int = 0  # how many times recovery gave a job back, in all
 
@@ -90,8 +102,18 @@ class Design(ABC):
     def ack(self, worker: str, job: Job, now: float) -> None:
         """The handler of `job` finished: the queue may forget it."""
 
+    def fail(self, worker: str, job: Job, now: float) -> None:
+        """The handler of `job` raised. Retry it later or dead-letter it; by default it is forgotten."""
+        self.ack(worker, job, now)
+
+    def heartbeat(self, worker: str, job: Job, now: float) -> None:  # noqa: B027 - optional hook
+        """Called every `settings.heartbeat_every` seconds inside a long handler, when that is on."""
+
+    def stop_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
+        """A graceful stop (SIGTERM): the worker finished its job; hand back anything it still holds."""
+
     def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
-        """One reaper pass: give back jobs held by workers that look dead at time `now`."""
+        """One recovery pass at time `now`: give back jobs of workers that look dead, move due retries."""
 
     @abstractmethod
     def backlog(self) -> int:

@@ -1,22 +1,26 @@
-"""reliable: BLMOVE into a per-worker processing list, heartbeats, LREM ack, Lua reaper.
+"""reliable: BLMOVE into a per-worker processing list, heartbeats, LREM ack, Lua reaper, delayed retries.
 
 Keys (all under the run prefix P):
     P pending              list of JSON jobs {"id", "payload", "attempts"}; LPUSH in, BLMOVE RIGHT out
     P processing:<worker>  list: the jobs <worker> holds (usually one); LREM by value is the ack
     P workers              set of every worker that ever started (to find processing lists cheaply)
-    P heartbeats           hash worker -> harness-clock seconds of its last fetch
+    P heartbeats           hash worker -> harness-clock seconds of its last sign of life
+    P delayed              sorted set: JSON job -> harness-clock time its retry is due
     P dead                 list of dead-lettered JSON jobs
+    P poisoned             set of job ids dead-lettered because their handler kept failing
     P requeued             set of job ids the reaper gave back at least once
     P stats                hash: requeue_events, dead_lettered
 
 The job is always stored somewhere: BLMOVE moves it atomically from pending to the worker's list,
-and only the ack removes it. `attempts` counts deliveries that ended in recovery; the reaper moves a
-job to `dead` instead of pending once it has been delivered max_attempts times.
+and only the ack (or the FAIL script, which moves it on atomically) removes it. `attempts` counts
+deliveries that did not succeed (a crash the reaper noticed, or a failure); once a job has been
+delivered max_attempts times it goes to `dead` instead of back to pending.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -52,12 +56,46 @@ redis.call('HDEL', KEYS[6], ARGV[2])
 return {moved, dead}
 """
 
-# KEYS: pending, workers; ARGV: prefix for processing lists
+# KEYS: processing, delayed, dead, poisoned, stats; ARGV: raw job, due time, max_attempts
+# Only a job still in this worker's list moves on: if the reaper took it meanwhile, someone else has it.
+FAIL = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+local job = cjson.decode(ARGV[1])
+job.attempts = job.attempts + 1
+if job.attempts >= tonumber(ARGV[3]) then
+  redis.call('LPUSH', KEYS[3], cjson.encode(job))
+  redis.call('SADD', KEYS[4], job.id)
+  redis.call('HINCRBY', KEYS[5], 'dead_lettered', 1)
+  return 2
+end
+redis.call('ZADD', KEYS[2], ARGV[2], cjson.encode(job))
+return 1
+"""
+
+# The lesson's delayed-jobs mover. KEYS: delayed, pending; ARGV: now, batch size
+PROMOTE = """
+local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, job in ipairs(due) do
+  redis.call('ZREM', KEYS[1], job)
+  redis.call('LPUSH', KEYS[2], job)
+end
+return #due
+"""
+
+# KEYS: pending, delayed, workers; ARGV: prefix for processing lists
 BACKLOG = """
-local n = redis.call('LLEN', KEYS[1])
-for _, w in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+local n = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   n = n + redis.call('LLEN', ARGV[1] .. w)
 end
+return n
+"""
+
+# KEYS: processing, pending, heartbeats; ARGV: worker. A graceful exit hands back what it holds.
+HAND_BACK = """
+local n = 0
+while redis.call('RPOPLPUSH', KEYS[1], KEYS[2]) do n = n + 1 end
+redis.call('HDEL', KEYS[3], ARGV[1])
 return n
 """
 
@@ -69,7 +107,10 @@ class ReliableQueue(Design):
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self._reap = self.r.register_script(REAP)
+        self._fail = self.r.register_script(FAIL)
+        self._promote = self.r.register_script(PROMOTE)
         self._backlog = self.r.register_script(BACKLOG)
+        self._hand_back = self.r.register_script(HAND_BACK)
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -92,42 +133,52 @@ class ReliableQueue(Design):
         if raw is None:
             return None
         data = json.loads(raw)
-        return Job(data["id"], data["payload"], receipt=raw)
+        return Job(data["id"], data["payload"], receipt=raw, attempt=data["attempts"] + 1)
 
     def ack(self, worker: str, job: Job, now: float) -> None:
         self.r.lrem(self.key("processing", worker), 1, job.receipt)
+
+    def fail(self, worker: str, job: Job, now: float) -> None:
+        due = now + self.settings.retry_delay(job.attempt, random.random())
+        keys = [self.key("processing", worker), self.key("delayed"), self.key("dead"), self.key("poisoned")]
+        self._fail(keys=[*keys, self.key("stats")], args=[job.receipt, repr(due), self.settings.max_attempts])
+
+    def heartbeat(self, worker: str, job: Job, now: float) -> None:
+        self.r.hset(self.key("heartbeats"), worker, repr(now))
+
+    def stop_worker(self, worker: str, now: float) -> None:
+        keys = [self.key("processing", worker), self.key("pending"), self.key("heartbeats")]
+        self._hand_back(keys=keys, args=[worker])
 
     def recover(self, now: float) -> None:
         stale_before = now - self.settings.stale_after
         for worker, beat in self.r.hgetall(self.key("heartbeats")).items():
             if float(beat) < stale_before:
+                keys = [self.key("processing", worker), self.key("pending"), self.key("dead"), self.key("requeued")]
                 self._reap(
-                    keys=[
-                        self.key("processing", worker),
-                        self.key("pending"),
-                        self.key("dead"),
-                        self.key("requeued"),
-                        self.key("stats"),
-                        self.key("heartbeats"),
-                    ],
+                    keys=[*keys, self.key("stats"), self.key("heartbeats")],
                     args=[self.settings.max_attempts, worker, repr(stale_before)],
                 )
+        self._promote(keys=[self.key("delayed"), self.key("pending")], args=[repr(now), 1000])
 
     def backlog(self) -> int:
-        return int(self._backlog(keys=[self.key("pending"), self.key("workers")], args=[self.key("processing", "")]))
+        keys = [self.key("pending"), self.key("delayed"), self.key("workers")]
+        return int(self._backlog(keys=keys, args=[self.key("processing", "")]))
 
     def state(self) -> QueueState:
         held: dict[str, str] = {}
         for raw in self.r.lrange(self.key("pending"), 0, -1):
             held[json.loads(raw)["id"]] = "pending"
+        for raw in self.r.zrange(self.key("delayed"), 0, -1):
+            held[json.loads(raw)["id"]] = "delayed"
         for worker in sorted(self.r.smembers(self.key("workers"))):
             for raw in self.r.lrange(self.key("processing", worker), 0, -1):
                 held[json.loads(raw)["id"]] = f"processing:{worker}"
-        dead = {json.loads(raw)["id"] for raw in self.r.lrange(self.key("dead"), 0, -1)}
         events = self.r.hget(self.key("stats"), "requeue_events")
         return QueueState(
             held=held,
-            dead_lettered=dead,
+            dead_lettered={json.loads(raw)["id"] for raw in self.r.lrange(self.key("dead"), 0, -1)},
+            poisoned=set(self.r.smembers(self.key("poisoned"))),
             requeued=set(self.r.smembers(self.key("requeued"))),
             requeue_events=int(events or 0),
         )

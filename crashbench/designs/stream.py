@@ -1,21 +1,27 @@
 """stream: XADD + consumer group, XACK, recovery by XAUTOCLAIM, dead letters by delivery count.
 
 Keys (all under the run prefix P):
-    P stream      the stream; each entry has fields id (job id) and payload. Entries are kept after
-                  XACK (a stream keeps history until trimmed; crashbench never trims)
+    P stream      the stream; each entry has fields id (job id), payload, attempts (failed attempts
+                  before this entry). Entries are kept after XACK (a stream keeps history until
+                  trimmed; crashbench never trims)
+    P delayed     sorted set: JSON job -> harness-clock time its retry is due (a new entry then)
     P dead        list of dead-lettered job ids
+    P poisoned    set of job ids dead-lettered because their handler kept failing
     P requeued    set of job ids XAUTOCLAIM took over at least once
     P stats       hash: requeue_events, dead_lettered
 Consumer group "workers" on P stream; each worker is a consumer named after itself.
 
 Recovery lives in the consumers, as in production: before reading new entries, a consumer runs
 XAUTOCLAIM (at most every recover_every seconds, and again at once while it finds something) for
-entries idle longer than stale_after. The claim script reads each claimed entry's delivery count
-and dead-letters (XACK + push to P dead) an entry already delivered max_attempts times.
+entries idle longer than stale_after. The claim script reads each claimed entry's delivery count;
+a job whose attempts (failures + deliveries) would exceed max_attempts is dead-lettered (XACK +
+push to P dead). A failed job is XACKed and re-added, after its backoff, as a new entry.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Sequence
 
 import redis
@@ -26,27 +32,58 @@ GROUP = "workers"
 
 # KEYS: stream, dead, requeued, stats
 # ARGV: group, consumer, min_idle_ms, count, max_attempts
+# Returns {entry id, fields, attempt} for each entry claimed and not dead-lettered.
 CLAIM = """
 local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
 for _, entry in ipairs(res[2]) do
   local eid, fields = entry[1], entry[2]
-  local job = ''
+  local job, failed = '', 0
   for i = 1, #fields, 2 do
     if fields[i] == 'id' then job = fields[i + 1] end
+    if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
   end
   local deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)[1][4]
-  if deliveries > tonumber(ARGV[5]) then
+  if failed + deliveries > tonumber(ARGV[5]) then
     redis.call('XACK', KEYS[1], ARGV[1], eid)
     redis.call('LPUSH', KEYS[2], job)
     redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
   else
     redis.call('SADD', KEYS[3], job)
     redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
-    table.insert(out, entry)
+    table.insert(out, {eid, fields, failed + deliveries})
   end
 end
 return out
+"""
+
+# KEYS: stream, delayed, dead, poisoned, stats
+# ARGV: group, consumer, entry id, job JSON with attempts already counted, due time, max_attempts
+# Only the entry's current owner moves it on: if XAUTOCLAIM gave it away meanwhile, someone else has it.
+FAIL = """
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)[1]
+if not p or p[2] ~= ARGV[2] then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+local job = cjson.decode(ARGV[4])
+if job.attempts >= tonumber(ARGV[6]) then
+  redis.call('LPUSH', KEYS[3], job.id)
+  redis.call('SADD', KEYS[4], job.id)
+  redis.call('HINCRBY', KEYS[5], 'dead_lettered', 1)
+  return 2
+end
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
+return 1
+"""
+
+# KEYS: delayed, stream; ARGV: now, batch size
+PROMOTE = """
+local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, raw in ipairs(due) do
+  local job = cjson.decode(raw)
+  redis.call('ZREM', KEYS[1], raw)
+  redis.call('XADD', KEYS[2], '*', 'id', job.id, 'payload', job.payload, 'attempts', job.attempts)
+end
+return #due
 """
 
 
@@ -57,6 +94,8 @@ class StreamQueue(Design):
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self._claim = self.r.register_script(CLAIM)
+        self._fail = self.r.register_script(FAIL)
+        self._promote = self.r.register_script(PROMOTE)
         self._next_claim = 0.0
 
     def setup(self) -> None:
@@ -69,7 +108,7 @@ class StreamQueue(Design):
     def enqueue(self, jobs: Sequence[Job]) -> None:
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            pipe.xadd(self.key("stream"), {"id": job.id, "payload": job.payload})
+            pipe.xadd(self.key("stream"), {"id": job.id, "payload": job.payload, "attempts": 0})
         pipe.execute()
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
@@ -79,26 +118,48 @@ class StreamQueue(Design):
                 args=[GROUP, worker, int(self.settings.stale_after * 1000), 1, self.settings.max_attempts],
             )
             if claimed:
-                eid, fields = claimed[0]
+                eid, fields, attempt = claimed[0]
                 data = dict(zip(fields[::2], fields[1::2], strict=True))
-                return Job(data["id"], data.get("payload", ""), receipt=eid)  # claim again next time
+                return Job(data["id"], data.get("payload", ""), receipt=eid, attempt=int(attempt))  # claim again next
             self._next_claim = now + self.settings.recover_every
         # BLOCK 0 would wait forever; never ask for less than a millisecond.
-        resp = self.r.xreadgroup(GROUP, worker, {self.key("stream"): ">"}, count=1, block=max(1, int(timeout * 1000)))
+        block = max(1, int(timeout * 1000))
+        resp = self.r.xreadgroup(GROUP, worker, {self.key("stream"): ">"}, count=1, block=block)
         if not resp:
             return None
         eid, fields = resp[0][1][0]
-        return Job(fields["id"], fields.get("payload", ""), receipt=eid)
+        attempt = int(fields.get("attempts", 0)) + 1
+        return Job(fields["id"], fields.get("payload", ""), receipt=eid, attempt=attempt)
 
     def ack(self, worker: str, job: Job, now: float) -> None:
         self.r.xack(self.key("stream"), GROUP, job.receipt)
+
+    def fail(self, worker: str, job: Job, now: float) -> None:
+        due = now + self.settings.retry_delay(job.attempt, random.random())
+        retry = json.dumps({"id": job.id, "payload": job.payload, "attempts": job.attempt})
+        keys = [self.key("stream"), self.key("delayed"), self.key("dead"), self.key("poisoned"), self.key("stats")]
+        self._fail(keys=keys, args=[GROUP, worker, job.receipt, retry, repr(due), self.settings.max_attempts])
+
+    def heartbeat(self, worker: str, job: Job, now: float) -> None:
+        # XCLAIM of our own entry with min-idle 0 resets its idle time: the guide's stream heartbeat.
+        self.r.xclaim(self.key("stream"), GROUP, worker, 0, [job.receipt], justid=True)
+
+    def stop_worker(self, worker: str, now: float) -> None:
+        # Leave the group tidy, but never drop a pending entry: DELCONSUMER would discard its PEL.
+        pending = self.r.xpending_range(self.key("stream"), GROUP, min="-", max="+", count=1, consumername=worker)
+        if not pending:
+            self.r.xgroup_delconsumer(self.key("stream"), GROUP, worker)
+
+    def recover(self, now: float) -> None:
+        # Crash recovery runs in the consumers (XAUTOCLAIM); the harness's timer moves due retries.
+        self._promote(keys=[self.key("delayed"), self.key("stream")], args=[repr(now), 1000])
 
     def backlog(self) -> int:
         info = self._group()
         lag = info.get("lag")
         if lag is None:  # the server could not tell (old server, or entries deleted): count them
             lag = len(self.r.xrange(self.key("stream"), f"({info['last-delivered-id']}", "+"))
-        return int(info["pending"]) + int(lag)
+        return int(info["pending"]) + int(lag) + int(self.r.zcard(self.key("delayed")))
 
     def _group(self) -> dict:
         for info in self.r.xinfo_groups(self.key("stream")):
@@ -109,6 +170,8 @@ class StreamQueue(Design):
     def state(self) -> QueueState:
         stream = self.key("stream")
         held: dict[str, str] = {}
+        for raw in self.r.zrange(self.key("delayed"), 0, -1):
+            held[json.loads(raw)["id"]] = "delayed"
         last = self._group()["last-delivered-id"]
         for _, fields in self.r.xrange(stream, f"({last}", "+"):
             held[fields["id"]] = "pending"
@@ -124,6 +187,7 @@ class StreamQueue(Design):
         return QueueState(
             held=held,
             dead_lettered=set(self.r.lrange(self.key("dead"), 0, -1)),
+            poisoned=set(self.r.smembers(self.key("poisoned"))),
             requeued=set(self.r.smembers(self.key("requeued"))),
             requeue_events=int(events or 0),
         )

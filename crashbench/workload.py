@@ -1,0 +1,54 @@
+"""What each job does, decided from its id and the seed alone, so every worker, every design and
+every replay agree: how long its handler runs, and whether (and on which attempts) it fails.
+
+    fixed      every handler runs job_ms
+    uniform    uniform in [0.5, 1.5] x job_ms
+    longtail   Pareto (alpha 1.16, the 80/20 tail) with median job_ms, capped at job_ms_max
+    poison     a job with probability poison_rate: its handler raises on every attempt
+    transient  a job with probability transient_rate: raises on its first transient_failures attempts
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+DISTRIBUTIONS = ("fixed", "uniform", "longtail")
+PARETO_ALPHA = 1.16
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    job_ms: float = 10.0
+    job_dist: str = "fixed"
+    job_ms_max: float = 0.0  # longtail cap; 0 means 100 x job_ms
+    poison_rate: float = 0.0
+    transient_rate: float = 0.0
+    transient_failures: int = 1
+    seed: int = 1
+
+    def _uniform(self, job: str, purpose: str) -> float:
+        """A number in [0, 1) fixed by (seed, job, purpose)."""
+        digest = hashlib.blake2b(f"{self.seed}:{purpose}:{job}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64
+
+    def duration_s(self, job: str) -> float:
+        if self.job_dist == "fixed":
+            ms = self.job_ms
+        elif self.job_dist == "uniform":
+            ms = self.job_ms * (0.5 + self._uniform(job, "duration"))
+        else:
+            u = self._uniform(job, "duration")
+            ms = self.job_ms * ((1 - u) ** (-1 / PARETO_ALPHA)) / 2 ** (1 / PARETO_ALPHA)
+            ms = min(ms, self.job_ms_max or 100 * self.job_ms)
+        return ms / 1000
+
+    def is_poison(self, job: str) -> bool:
+        return self._uniform(job, "poison") < self.poison_rate
+
+    def is_transient(self, job: str) -> bool:
+        return not self.is_poison(job) and self._uniform(job, "transient") < self.transient_rate
+
+    def fails(self, job: str, attempt: int) -> bool:
+        """Does the handler of `job` raise on its `attempt`-th attempt (1 = first)?"""
+        return self.is_poison(job) or (self.is_transient(job) and attempt <= self.transient_failures)
