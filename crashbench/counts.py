@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 
-from crashbench.designs import QueueState
+from crashbench.designs import DesignSettings, QueueState
 from crashbench.ledger import Execution
 from crashbench.workload import Workload
 
@@ -30,6 +30,7 @@ class Counts:
     extra_executions: int = 0  # completions beyond the first, over all jobs
     failed_attempts: int = 0  # executions whose handler raised
     retried: int = 0  # jobs started again after a failed attempt
+    early_retries: int = 0  # retries that started sooner after a failure than the backoff allows
     dead_lettered_poison: int = 0  # dead-lettered jobs the design dead-lettered for failing, not for crashing
     requeued: int = 0  # jobs recovery gave back at least once
     requeue_events: int = 0  # times recovery gave a job back
@@ -95,6 +96,20 @@ def _overlapping(runs: list[Execution]) -> bool:
     return False
 
 
+def _early_retries(failed_runs: list[Execution], starts: dict[str, list[float]], settings: DesignSettings) -> int:
+    """Retries that began before the backoff of their attempt had passed. The attempt number is taken as
+    the number of executions so far, which is at most the design's own count (crashes the ledger did
+    not see only add attempts), so the bound used is never stricter than the design's."""
+    early = 0
+    for ex in failed_runs:
+        times = sorted(starts[ex.job])
+        attempt = times.index(ex.start) + 1
+        later = [t for t in times if t > ex.start]
+        if later and ex.end is not None and later[0] - ex.end < settings.retry_delay(attempt, 0.0) - 1e-6:
+            early += 1
+    return early
+
+
 def count(
     enqueued: Collection[str],
     executions: Iterable[Execution],
@@ -102,6 +117,7 @@ def count(
     kills: int = 0,
     kills_mid_job: int = 0,
     workload: Workload | None = None,
+    settings: DesignSettings | None = None,
 ) -> tuple[Counts, dict[str, set[str]]]:
     """The counts, and the ids behind each outcome class."""
     completions: dict[str, list[Execution]] = {}
@@ -128,6 +144,7 @@ def count(
     for ex in failed_runs:
         first_failure[ex.job] = min(first_failure.get(ex.job, ex.start), ex.start)
     retried = {j for j, t in first_failure.items() if any(s > t for s in starts[j])}
+    early = _early_retries(failed_runs, starts, settings) if settings else 0
     counts = Counts(
         enqueued=len(ids),
         done=len(classes["done"]),
@@ -141,6 +158,7 @@ def count(
         extra_executions=sum(completed[j] - 1 for j in dups),
         failed_attempts=len(failed_runs),
         retried=len(retried & ids),
+        early_retries=early,
         dead_lettered_poison=len(classes["dead_lettered"] & queue.poisoned),
         requeued=len(queue.requeued & ids),
         requeue_events=queue.requeue_events,

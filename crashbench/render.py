@@ -25,13 +25,15 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("requeued", "requeued"),
     ("failed attempts", "failed_attempts"),
     ("retried", "retried"),
+    ("  before their backoff", "early_retries"),
     ("unexpected", "unexpected"),
     ("interrupted", "interrupted"),
 )
-ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected"}
+ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries"}
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
+    "early_retries",
 }  # fmt: skip
 
 

@@ -53,7 +53,7 @@ class WorkerExit:
 class Timings:
     wall_s: float  # first worker started -> drained
     jobs_per_s: float  # done / wall_s
-    ideal_s: float  # jobs x job time / workers
+    ideal_s: float  # the sum of all handler durations / workers
     drained: bool  # False: the drain timeout ran out with jobs still held
     drain_s: float  # last fault -> drained (or gave up)
     startup_ms_median: float  # worker spawn -> READY

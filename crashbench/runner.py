@@ -31,6 +31,7 @@ from crashbench.results import DesignRun, ExpectationResult, KillRecord, Timings
 from crashbench.scenario import Scenario
 from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import WorkerSpec, run_worker
+from crashbench.workload import job_ids
 
 Clock = Callable[[], float]
 JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
@@ -177,7 +178,7 @@ class CrashRun:
 
     def _execute(self) -> DesignRun:
         self.design.setup()
-        ids = [f"{i:06d}" for i in range(self.sc.jobs)]
+        ids = job_ids(self.sc.jobs)
         for start in range(0, len(ids), 1000):
             self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
         self.t0 = self.clock()
@@ -292,6 +293,9 @@ class CrashRun:
 
     def _kill(self, planned: PlannedKill, victim: WorkerProcess, sig: int, due: float, frozen: bool) -> KillRecord:
         at = self.clock()
+        self.ledger.poll(victim.name)
+        # Exact when frozen (checked after the freeze); for "any", as of this last look.
+        inside = self.ledger.inside(victim.name)
         replacement = None
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
@@ -305,8 +309,8 @@ class CrashRun:
             replacement = self.sup.spawn(planned.slot)
         if sig == signal.SIGKILL:
             self.sup.wait_exit(victim, 5.0)
-        self.ledger.poll(victim.name)
-        inside = self.ledger.inside(victim.name)  # for SIGKILL: what it was running when it died
+            self.ledger.poll(victim.name)
+            inside = self.ledger.inside(victim.name)  # exactly what it was running when it died
         return KillRecord(
             index=planned.index,
             planned_at=planned.at,
@@ -353,6 +357,7 @@ class CrashRun:
             kills=len(self.kills),
             kills_mid_job=sum(k.mid_job for k in self.kills),
             workload=self.sc.workload(),
+            settings=self.sc.settings(),
         )
         for k in self.kills:
             ready = self.ledger.ready_at(k.replacement) if k.replacement else None

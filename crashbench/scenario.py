@@ -25,7 +25,7 @@ from typing import Any
 from crashbench.counts import Counts
 from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
-from crashbench.workload import DISTRIBUTIONS, Workload
+from crashbench.workload import DISTRIBUTIONS, Workload, job_ids
 
 KILL_WHEN = ("mid-job", "any")
 # Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
@@ -147,8 +147,9 @@ class Scenario:
 
     @property
     def ideal_s(self) -> float:
-        """Wall time with every worker busy all the time: jobs x job time / workers."""
-        return self.jobs * self.job_ms / 1000 / self.workers
+        """Wall time with every worker busy all the time: the sum of all handler durations / workers."""
+        w = self.workload()
+        return sum(w.duration_s(j) for j in job_ids(self.jobs)) / self.workers
 
     def with_overrides(self, **values: Any) -> Scenario:
         """A copy with the given fields replaced (None means: keep the scenario's value); validated."""

@@ -17,6 +17,11 @@ DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 PARETO_ALPHA = 1.16
 
 
+def job_ids(n: int) -> list[str]:
+    """The ids of a run's jobs, in enqueue order."""
+    return [f"{i:06d}" for i in range(n)]
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     job_ms: float = 10.0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from crashbench.counts import Counts, count
-from crashbench.designs import QueueState
+from crashbench.designs import DesignSettings, QueueState
 from crashbench.ledger import Execution
+from crashbench.workload import Workload, job_ids
 
 
 def ex(job: str, done: bool = True, start: float = 1.0, failed: bool = False) -> Execution:
@@ -67,3 +68,26 @@ def test_failed_attempts_and_retries_come_from_the_ledger() -> None:
     c, classes = count(["p", "t"], runs, queue)
     assert (c.failed_attempts, c.retried, c.done, c.dead_lettered, c.dead_lettered_poison) == (4, 2, 1, 1, 1)
     assert classes["done"] == {"t"} and classes["dead_lettered"] == {"p"}
+
+
+def test_a_retry_sooner_than_its_backoff_is_counted() -> None:
+    settings = DesignSettings(retry_base=1.0, retry_factor=2.0)
+    # Fails 1.0-2.0; retried at 2.5 (0.5 s later, backoff 1 s: early), fails again 2.5-3.5, retried at
+    # 6.0 (2.5 s later, backoff for attempt 2 is 2 s: fine).
+    runs = [ex("j", failed=True), ex("j", failed=True, start=2.5), ex("j", start=6.0)]
+    c, _ = count(["j"], runs, QueueState(), settings=settings)
+    assert (c.early_retries, c.retried, c.done) == (1, 1, 1)
+
+
+def test_failing_jobs_are_a_deterministic_share_of_the_workload() -> None:
+    w = Workload(poison_rate=0.01, transient_rate=0.05, seed=7)
+    ids = job_ids(20_000)
+    poison = [j for j in ids if w.is_poison(j)]
+    transient = [j for j in ids if w.is_transient(j)]
+    assert poison == [j for j in ids if Workload(poison_rate=0.01, transient_rate=0.05, seed=7).is_poison(j)]
+    assert 150 < len(poison) < 250 and 850 < len(transient) < 1150
+    assert not set(poison) & set(transient)
+    assert all(w.fails(j, 99) for j in poison)
+    assert all(w.fails(j, 1) and not w.fails(j, 2) for j in transient)
+    other_seed = Workload(poison_rate=0.01, seed=8)
+    assert poison != [j for j in ids if other_seed.is_poison(j)]

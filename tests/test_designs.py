@@ -68,3 +68,35 @@ def test_stream_claims_idle_entries_and_dead_letters_by_delivery_count(client: r
     assert state.held == {}
     assert (state.requeued, state.requeue_events) == ({"s1"}, 1)
     assert q.backlog() == 0
+
+
+def test_a_failed_job_waits_in_delayed_until_its_backoff_has_passed(client: redis.Redis) -> None:
+    settings = DesignSettings(stale_after=10.0, max_attempts=3, retry_base=1.0, retry_factor=4.0, retry_jitter=0.25)
+    q = ReliableQueue(client, "test:retry1:", settings)
+    q.enqueue([Job("t")])
+    q.start_worker("w1", now=0.0)
+    first = q.fetch("w1", 0.01, now=0.0)
+    assert first is not None and first.attempt == 1
+    q.fail("w1", first, now=100.0)  # retry due between 101.0 and 101.25
+    assert q.state().held == {"t": "delayed"}
+    q.recover(now=100.99)
+    assert q.state().held == {"t": "delayed"}
+    q.recover(now=101.26)
+    assert q.state().held == {"t": "pending"}
+    second = q.fetch("w1", 0.01, now=101.3)
+    assert second is not None and second.attempt == 2
+    q.fail("w1", second, now=200.0)  # second retry: 4 s later
+    q.recover(now=203.9)
+    assert q.state().held == {"t": "delayed"}
+    q.recover(now=205.1)
+    third = q.fetch("w1", 0.01, now=205.2)
+    assert third is not None and third.attempt == 3
+    q.fail("w1", third, now=300.0)  # third failure of max_attempts 3: dead-lettered as poison
+    state = q.state()
+    assert state.held == {} and state.dead_lettered == state.poisoned == {"t"}
+
+
+def test_retry_delay_is_exponential_with_bounded_jitter() -> None:
+    s = DesignSettings(retry_base=0.5, retry_factor=4.0, retry_jitter=0.25)
+    assert [s.retry_delay(a, 0.0) for a in (1, 2, 3)] == [0.5, 2.0, 8.0]
+    assert s.retry_delay(2, 0.999) < 2.0 * 1.25

@@ -24,7 +24,7 @@ def test_default_scenario_is_the_lessons_crash_test() -> None:
     sc = scenario.load("default")
     assert (sc.jobs, sc.job_ms, sc.workers, sc.kills, sc.interval, sc.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
     assert sc.kill_when == "mid-job"
-    assert sc.ideal_s == 5.0
+    assert sc.ideal_s == pytest.approx(5.0)
     assert [str(e) for e in sc.expect["reliable"]][:2] == ["lost == 0", "stranded == 0"]
 
 
