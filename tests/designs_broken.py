@@ -11,10 +11,12 @@ and one job the producer never enqueued ("phantom")  -> unexpected
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 from crashbench.designs import Job, QueueState
 from crashbench.designs.naive import NaiveQueue
+from crashbench.designs.reliable import ReliableQueue
 
 
 class KnownFaultsQueue(NaiveQueue):
@@ -61,3 +63,12 @@ class BacklogRaises(KnownFaultsQueue):
 
     def backlog(self) -> int:
         raise RuntimeError("backlog is broken on purpose")
+
+
+class SlowAckQueue(ReliableQueue):
+    """The reliable queue with an ack that takes 20 ms: most kills on the clock land after the handler's
+    side effect and before the ack, the textbook source of sequential duplicates."""
+
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        time.sleep(0.02)
+        super().ack(worker, job, now)

@@ -96,3 +96,12 @@ def test_heartbeats_inside_long_jobs_prevent_the_duplicates(valkey_url: str, sma
         assert without.counts.duplicated_overlapping >= 1, design
         assert with_.counts.duplicated == 0 and with_.counts.requeued == 0, design
         assert without.counts.lost == with_.counts.lost == 0
+
+
+def test_a_kill_between_side_effect_and_ack_is_a_sequential_duplicate(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, job_ms=1, kill_when="any", jobs=300)
+    run = run_designs(sc, ["designs_broken:SlowAckQueue"], Options(redis_url=valkey_url)).runs[0]
+    check(run)
+    c = run.counts
+    assert c.lost == 0 and c.done == c.enqueued
+    assert c.duplicated_sequential >= 1 and c.duplicated_overlapping == 0
