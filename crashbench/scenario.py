@@ -148,6 +148,8 @@ class Scenario:
     @property
     def ideal_s(self) -> float:
         """Wall time with every worker busy all the time: the sum of all handler durations / workers."""
+        if self.job_dist == "fixed":
+            return self.jobs * self.job_ms / 1000 / self.workers
         w = self.workload()
         return sum(w.duration_s(j) for j in job_ids(self.jobs)) / self.workers
 

@@ -49,11 +49,18 @@ class Workload:
         return ms / 1000
 
     def is_poison(self, job: str) -> bool:
-        return self._uniform(job, "poison") < self.poison_rate
+        return self.poison_rate > 0 and self._uniform(job, "poison") < self.poison_rate
 
     def is_transient(self, job: str) -> bool:
-        return not self.is_poison(job) and self._uniform(job, "transient") < self.transient_rate
+        return (
+            self.transient_rate > 0
+            and not self.is_poison(job)
+            and self._uniform(job, "transient") < self.transient_rate
+        )
 
     def fails(self, job: str, attempt: int) -> bool:
         """Does the handler of `job` raise on its `attempt`-th attempt (1 = first)?"""
+        # Called for every job in the worker's hot path: no hashing when nothing can fail.
+        if not (self.poison_rate or self.transient_rate):
+            return False
         return self.is_poison(job) or (self.is_transient(job) and attempt <= self.transient_failures)
