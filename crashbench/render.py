@@ -85,17 +85,18 @@ def result_table(result: Result) -> Group:
         table.add_row("recovery p50 / p95 / max", *[" / ".join(_ms(v) for v in c) for c in cells])
     parts: list[Table | Text] = [table]
     for run in result.runs:
+        name = f"{run.design} [{run.variant}]" if run.variant else run.design
         if not run.timings.drained:
-            parts.append(Text(f"{run.design}: drain timed out with jobs still held (see stranded)", style="yellow"))
+            parts.append(Text(f"{name}: drain timed out with jobs still held (see stranded)", style="yellow"))
         for where, n in run.counts.stranded_at.items():
-            parts.append(Text(f"{run.design}: {n} stranded in {where}", style="yellow"))
+            parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
         for e in run.expectations:
             mark, style = ("✓", "green") if e.met else ("✗", "red")
-            parts.append(Text(f"{mark} {run.design}: {e.expectation} (got {e.actual})", style=style))
+            parts.append(Text(f"{mark} {name}: {e.expectation} (got {e.actual})", style=style))
         for w in run.worker_exits:
-            parts.append(Text(f"! {run.design}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
+            parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
         for p in run.count_problems:
-            parts.append(Text(f"! {run.design}: counts do not add up: {p}", style="bold red"))
+            parts.append(Text(f"! {name}: counts do not add up: {p}", style="bold red"))
     return Group(*parts)
 
 

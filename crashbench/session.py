@@ -40,7 +40,8 @@ def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
     """One scenario per value of `param` ("stale_after", "0.5,1,2"), each validated."""
     if param not in SWEEPABLE:
         raise UsageError(f"cannot sweep {param!r}", hint=f"sweepable settings: {', '.join(SWEEPABLE)}")
-    kind = int if type(getattr(scenario, param)) is int else float
+    # The field's declared type, not the value's: a TOML file may write a float setting as `0`.
+    kind = int if Scenario.__dataclass_fields__[param].type == "int" else float
     out = []
     for raw in (v.strip() for v in values.split(",")):
         try:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from crashbench import scenario
-from crashbench.errors import ScenarioError
+from crashbench.errors import ScenarioError, UsageError
 from crashbench.runner import plan_kills
+from crashbench.session import sweep_values
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,3 +88,12 @@ def test_same_seed_same_schedule_other_seed_other_victims() -> None:
     other = plan_kills(sc.with_overrides(seed=2))
     assert [k.slot for k in other] != [k.slot for k in plan_kills(sc)]
     assert [k.at for k in plan_kills(sc)][:3] == [0.5, 1.0, 1.5]
+
+
+def test_sweep_values_follow_the_settings_declared_type() -> None:
+    sc = scenario.Scenario(heartbeat_every=0)  # as a TOML file may write it
+    values = sweep_values(sc, "heartbeat_every", "0, 0.1")
+    assert [v.heartbeat_every for v in values] == [0.0, 0.1]
+    assert [v.kills for v in sweep_values(sc, "kills", "1,3")] == [1, 3]
+    with pytest.raises(UsageError, match="not a whole number"):
+        sweep_values(sc, "kills", "1.5")
