@@ -37,8 +37,10 @@ OPTIONAL = {
 }  # fmt: skip
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
+def _ms3(values: tuple[float | None, ...]) -> str:
+    if all(v is None for v in values):
+        return "-"
+    return " / ".join("-" if v is None else f"{v:.0f}" for v in values) + " ms"
 
 
 def _failed_counts(run: DesignRun) -> set[str]:
@@ -82,7 +84,7 @@ def result_table(result: Result) -> Group:
     )
     if any(r.timings.recovery_ms_max is not None for r in result.runs):
         cells = [(r.timings.recovery_ms_p50, r.timings.recovery_ms_p95, r.timings.recovery_ms_max) for r in result.runs]
-        table.add_row("recovery p50 / p95 / max", *[" / ".join(_ms(v) for v in c) for c in cells])
+        table.add_row("recovery p50 / p95 / max", *[_ms3(c) for c in cells])
     parts: list[Table | Text] = [table]
     for run in result.runs:
         name = f"{run.design} [{run.variant}]" if run.variant else run.design

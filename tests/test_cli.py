@@ -149,3 +149,15 @@ def test_readme_documents_every_exit_code() -> None:
     readme = (ROOT / "README.md").read_text()
     for code in ExitCode:
         assert f"| {code.value} | `{code.name}` |" in readme
+
+
+def test_sweep_runs_one_design_per_value_and_labels_the_columns(tmp_path: Path) -> None:
+    cp = crashbench(
+        "sweep", "-d", "reliable", "-p", "kills=0,2", *SMALL, "--json", "--out", str(tmp_path), tmp_path=tmp_path
+    )
+    assert cp.returncode == 0, cp.stderr
+    data = json.loads(cp.stdout)
+    assert data["kind"] == "sweep"
+    assert [r["variant"] for r in data["runs"]] == ["kills=0", "kills=2"]
+    assert [r["counts"]["kills"] for r in data["runs"]] == [0, 2]
+    assert data["runs"][1]["timings"]["recovery_ms_max"] is not None
