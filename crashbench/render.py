@@ -97,6 +97,8 @@ def result_table(result: Result) -> Group:
             parts.append(Text(f"{mark} {name}: {e.expectation} (got {e.actual})", style=style))
         for w in run.worker_exits:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
+        if run.workdir:
+            parts.append(Text(f"{name}: ledgers and worker logs kept in {run.workdir}", style="dim"))
         for p in run.count_problems:
             parts.append(Text(f"! {name}: counts do not add up: {p}", style="bold red"))
     return Group(*parts)

@@ -87,8 +87,9 @@ class DesignRun:
     kills: list[KillRecord]
     expectations: list[ExpectationResult] = field(default_factory=list)
     worker_exits: list[WorkerExit] = field(default_factory=list)
-    duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, for jobs run twice or more
-    jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered -> ids (first 100)
+    duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered / failed -> ids (100)
+    workdir: str | None = None  # with --keep: the ledgers and worker logs of this run
     count_problems: list[str] = field(default_factory=list)
 
     @property

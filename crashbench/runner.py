@@ -14,16 +14,15 @@ import random
 import shutil
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 import redis
 
 from crashbench import counts as counting
+from crashbench import workdirs
 from crashbench.designs import Design, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted
 from crashbench.ledger import Ledger
@@ -138,7 +137,7 @@ class CrashRun:
         self.stop = stop or StopFlag()
         self.keep_dir = keep_dir
         self.clock = clock
-        self.dir = Path(tempfile.mkdtemp(prefix="crashbench-run-"))
+        self.dir = workdirs.make("run")
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -400,7 +399,8 @@ class CrashRun:
             kills=self.kills,
             expectations=expectations,
             worker_exits=self.exits,
-            duplicates={j: n for j, n in sorted(self.ledger.completed.items()) if n > 1},
-            jobs={k: sorted(classes[k])[:JOB_SAMPLE] for k in ("lost", "stranded", "dead_lettered")},
+            duplicates=dict(sorted((j, n) for j, n in self.ledger.completed.items() if n > 1)[:JOB_SAMPLE]),
+            workdir=str(self.dir) if self.keep_dir else None,
+            jobs={k: sorted(classes[k])[:JOB_SAMPLE] for k in ("lost", "stranded", "dead_lettered", "failed")},
             count_problems=c.problems(),
         )

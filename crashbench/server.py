@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import redis
 
+from crashbench import workdirs
 from crashbench.errors import ServerUnavailable
 from crashbench.supervisor import die_with_parent
 
@@ -82,7 +82,7 @@ def _free_port() -> int:
 class EmbeddedServer:
     def __init__(self, binary: Path) -> None:
         self.binary = binary
-        self.dir = Path(tempfile.mkdtemp(prefix="crashbench-server-"))
+        self.dir = workdirs.make("server")
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 

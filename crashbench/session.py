@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from crashbench import workdirs
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.results import Result, environment, now_iso
@@ -63,6 +64,7 @@ def run_sweep(scenario: Scenario, design: str, param: str, values: str, options:
 def _run(base: Scenario, plan: list[tuple[Scenario, str, str]], options: Options, kind: str) -> Result:
     for _, spec, _ in plan:
         load_design(spec)  # an unknown design is a usage error before any server starts
+    workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
     run_id = secrets.token_hex(4)
     with open_server(options.redis_url, options.server_binary) as server:
         runs = []
