@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -25,6 +24,7 @@ from crashbench import counts as counting
 from crashbench import workdirs
 from crashbench.designs import Design, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted
+from crashbench.faults import PlannedKill, plan_kills
 from crashbench.ledger import Ledger
 from crashbench.results import DesignRun, ExpectationResult, KillRecord, Timings, WorkerExit
 from crashbench.scenario import Scenario
@@ -36,27 +36,11 @@ Clock = Callable[[], float]
 JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedKill:
-    index: int
-    at: float  # seconds after the workers start
-    slot: int
-
-
 def percentile(sorted_values: list[float], q: float) -> float | None:
     """Nearest-rank percentile of already sorted values; None for none."""
     if not sorted_values:
         return None
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
-def plan_kills(scenario: Scenario) -> list[PlannedKill]:
-    """The fault schedule: the same seed gives the same victims at the same times, for every design."""
-    rng = random.Random(scenario.seed)
-    return [
-        PlannedKill(i, round((i + 1) * scenario.interval, 6), rng.randrange(scenario.workers))
-        for i in range(scenario.kills)
-    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +74,6 @@ class StopFlag:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-
-
-def cleanup_keys(url: str, pattern_prefix: str) -> int:
-    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection."""
-    client = redis.Redis.from_url(url, socket_timeout=10)
-    removed = 0
-    try:
-        batch = []
-        for key in client.scan_iter(match=pattern_prefix + "*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += client.unlink(*batch)
-                batch.clear()
-        if batch:
-            removed += client.unlink(*batch)
-    finally:
-        client.close()
-    return removed
 
 
 class CrashRun:

@@ -196,3 +196,21 @@ def open_server(redis_url: str | None = None, binary: str | None = None) -> Iter
         yield describe(server.url, "embedded", str(server.binary))
     finally:
         server.stop()
+
+
+def cleanup_keys(url: str, pattern_prefix: str) -> int:
+    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection."""
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    removed = 0
+    try:
+        batch = []
+        for key in client.scan_iter(match=pattern_prefix + "*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += client.unlink(*batch)
+                batch.clear()
+        if batch:
+            removed += client.unlink(*batch)
+    finally:
+        client.close()
+    return removed

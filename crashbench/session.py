@@ -16,9 +16,9 @@ from crashbench import workdirs
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.results import Result, environment, now_iso
-from crashbench.runner import CrashRun, Progress, StopFlag, cleanup_keys
+from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
-from crashbench.server import open_server
+from crashbench.server import cleanup_keys, open_server
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 

@@ -8,7 +8,7 @@ import pytest
 
 from crashbench import scenario
 from crashbench.errors import ScenarioError, UsageError
-from crashbench.runner import plan_kills
+from crashbench.faults import plan_kills
 from crashbench.session import sweep_values
 
 ROOT = Path(__file__).resolve().parent.parent
