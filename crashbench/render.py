@@ -83,8 +83,10 @@ def result_table(result: Result) -> Group:
         ],
     )
     if any(r.timings.recovery_ms_max is not None for r in result.runs):
-        cells = [(r.timings.recovery_ms_p50, r.timings.recovery_ms_p95, r.timings.recovery_ms_max) for r in result.runs]
-        table.add_row("recovery p50 / p95 / max", *[_ms3(c) for c in cells])
+        latencies = [
+            (r.timings.recovery_ms_p50, r.timings.recovery_ms_p95, r.timings.recovery_ms_max) for r in result.runs
+        ]
+        table.add_row("recovery p50 / p95 / max", *[_ms3(c) for c in latencies])
     parts: list[Table | Text] = [table]
     for run in result.runs:
         name = f"{run.design} [{run.variant}]" if run.variant else run.design
