@@ -203,7 +203,10 @@ def list_() -> None:
     designs.add_column("name", style="bold")
     designs.add_column("what it is")
     for name in BUILTIN:
-        designs.add_row(name, load_design(name).summary)
+        try:
+            designs.add_row(name, load_design(name).summary)
+        except CrashbenchError as exc:
+            designs.add_row(name, f"[dim]not installed: {exc.hint or exc.message}[/]")
     designs.add_row("module:Class", "your own design: a subclass of crashbench.designs.Design")
     out.print(designs)
     table = Table(title="scenarios", title_justify="left")

@@ -21,7 +21,7 @@ class Counts:
     done: int = 0  # its handler ran to completion at least once
     dead_lettered: int = 0  # never completed; the queue dead-lettered it
     stranded: int = 0  # never completed, not dead; the queue still holds it after the final recovery
-    failed: int = 0  # never completed, its handler raised, and the queue let it go (no retry left, no DLQ)
+    failed: int = 0  # never completed, its handler raised or the queue recorded it failed, not dead-lettered
     lost: int = 0  # never completed, and the queue has no trace of it
     # events and anomalies
     duplicated: int = 0  # jobs completed more than once
@@ -82,7 +82,8 @@ def classify(
     dead = (queue.dead_lettered & ids) - done
     stranded = (set(queue.held) & ids) - done - dead
     gone = ids - done - dead - stranded
-    return {"done": done, "dead_lettered": dead, "stranded": stranded, "failed": gone & failed, "lost": gone - failed}
+    failed = gone & (failed | queue.failed)
+    return {"done": done, "dead_lettered": dead, "stranded": stranded, "failed": failed, "lost": gone - failed}
 
 
 def _overlapping(runs: list[Execution]) -> bool:

@@ -25,7 +25,7 @@ from typing import BinaryIO
 class LedgerWriter:
     """Worker side. Unbuffered on purpose: a buffered record would die with the worker."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def ready(self, now: float) -> None:

@@ -79,6 +79,7 @@ class StopFlag:
 class CrashRun:
     STARTUP_TIMEOUT = 10.0
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
+    MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
 
     def __init__(
         self,
@@ -116,7 +117,7 @@ class CrashRun:
             path = self.ledger.path_for(name)
             return lambda: run_worker(wspec, name, path, parent)
 
-        self.sup = Supervisor(prepare, self.dir / "logs", clock)
+        self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
         self.kills: list[KillRecord] = []
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
@@ -227,8 +228,9 @@ class CrashRun:
         due = self.t0 + planned.at
         sig = self.sc.signum
         mid_job_wanted = self.sc.kill_when == "mid-job"
-        # If no job reaches the victim (the queue ran dry), stop waiting and kill it anyway.
-        give_up = due + max(1.0, 20 * self.sc.job_ms / 1000)
+        # If no job reaches the victim (the queue ran dry, a library worker still starting), kill it
+        # anyway after a while; the record then says it was not mid-job.
+        give_up = due + max(self.MID_JOB_WAIT, 20 * self.sc.longest_job_s)
         while True:
             self._tick()
             now = self.clock()

@@ -63,7 +63,12 @@ def run_sweep(scenario: Scenario, design: str, param: str, values: str, options:
 
 def _run(base: Scenario, plan: list[tuple[Scenario, str, str]], options: Options, kind: str) -> Result:
     for _, spec, _ in plan:
-        load_design(spec)  # an unknown design is a usage error before any server starts
+        cls = load_design(spec)  # an unknown design is a usage error before any server starts
+        if options.redis_url and not cls.namespaced:
+            raise UsageError(
+                f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
+                hint="leave out --redis-url",
+            )
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
     run_id = secrets.token_hex(4)
     with open_server(options.redis_url, options.server_binary) as server:

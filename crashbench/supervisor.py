@@ -7,6 +7,9 @@ only, which then stops workers in order) and dies with its parent (PR_SET_PDEATH
 
 Identity: a child stays a zombie until its parent reaps it, so a pid we have not reaped cannot
 belong to anyone else. We reap only here, and check the process's start time before each signal.
+With `tree`, a fault goes to the worker and every process below it (a library's per-job child, which
+may have left the worker's process group): those are found through psutil, whose signals check the
+start time too.
 """
 
 from __future__ import annotations
@@ -70,8 +73,15 @@ class Supervisor:
     returns the worker body, which runs in the child and returns its exit code.
     """
 
-    def __init__(self, prepare: Callable[[str], Callable[[], int]], log_dir: Path, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        prepare: Callable[[str], Callable[[], int]],
+        log_dir: Path,
+        clock: Callable[[], float],
+        tree: bool = False,
+    ) -> None:
         self.prepare = prepare
+        self.tree = tree
         self.log_dir = log_dir
         self.clock = clock
         self.workers: list[WorkerProcess] = []  # every worker ever started, in order
@@ -141,25 +151,39 @@ class Supervisor:
                 if psutil.Process(w.pid).create_time() != w.create_time:
                     raise ProcessLookupError(f"pid {w.pid} is no longer {w.name}")
 
-    def send(self, w: WorkerProcess, sig: int) -> None:
+    def _family(self, w: WorkerProcess) -> list[psutil.Process]:
+        """The worker, then (with `tree`) every process below it."""
+        try:
+            root = psutil.Process(w.pid)
+            return [root, *root.children(recursive=True)] if self.tree else [root]
+        except psutil.NoSuchProcess:
+            return []
+
+    def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> None:
         self._check_identity(w)
         os.kill(w.pid, sig)
+        if self.tree and whole_tree:
+            for p in self._family(w)[1:]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(sig)
 
     def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
-        """SIGSTOP `w` and wait until the kernel reports it stopped, so its ledger can no longer move."""
+        """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
+        ledger can no longer move."""
         self.send(w, signal.SIGSTOP)
+        family = self._family(w)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if psutil.Process(w.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                if all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in family):
                     return True
             except psutil.NoSuchProcess:
-                return True
+                family = self._family(w)
         return False
 
     def thaw(self, w: WorkerProcess) -> None:
         if w.alive:
-            os.kill(w.pid, signal.SIGCONT)
+            self.send(w, signal.SIGCONT)
 
     def wait_exit(self, w: WorkerProcess, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -177,12 +201,12 @@ class Supervisor:
         """SIGTERM every live worker, SIGKILL whoever is still there after `grace`, reap them all."""
         for w in self.alive():
             with contextlib.suppress(ProcessLookupError):
-                self.send(w, signal.SIGTERM)
+                self.send(w, signal.SIGTERM, whole_tree=False)  # the worker decides what its children do
                 self.thaw(w)  # a frozen worker cannot act on SIGTERM
         deadline = time.monotonic() + grace
         for w in self.alive():
             self.wait_exit(w, max(0.0, deadline - time.monotonic()))
         for w in self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(w.pid, signal.SIGKILL)
+                self.send(w, signal.SIGKILL)
             self.wait_exit(w, 5.0)

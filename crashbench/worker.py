@@ -47,7 +47,25 @@ def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
     return not spec.workload.fails(job.id, job.attempt)
 
 
+def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
+    """A library adapter's worker: the library's own loop, with its own signal handling; its task
+    (crashbench.task.handle) finds the ledger and the workload through the environment, which also
+    reaches the children the library forks."""
+    os.environ["CRASHBENCH_LEDGER"] = str(ledger_path)
+    os.environ["CRASHBENCH_WORKLOAD"] = spec.workload.to_json()
+    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
+    design = spec.design(client, spec.prefix, spec.settings)
+    ledger = LedgerWriter(ledger_path)
+    design.start_worker(name, time.monotonic())
+    ledger.ready(time.monotonic())
+    ledger.close()
+    design.serve(name)
+    return 0
+
+
 def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) -> int:
+    if spec.design.own_worker:
+        return serve_library(spec, name, ledger_path)
     stopping = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

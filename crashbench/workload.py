@@ -10,7 +10,9 @@ every replay agree: how long its handler runs, and whether (and on which attempt
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass
 
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
@@ -31,6 +33,13 @@ class Workload:
     transient_rate: float = 0.0
     transient_failures: int = 1
     seed: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Workload:
+        return cls(**json.loads(text))
 
     def _uniform(self, job: str, purpose: str) -> float:
         """A number in [0, 1) fixed by (seed, job, purpose)."""

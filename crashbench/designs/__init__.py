@@ -60,6 +60,7 @@ class QueueState:
 
     held: dict[str, str] = field(default_factory=dict)  # job id -> where ("pending", "processing:w3", ...)
     dead_lettered: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)  # the queue recorded these as failed (a library's failed registry)
     poisoned: set[str] = field(default_factory=set)  # dead-lettered because the handler kept failing
     requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
     requeue_events: int = 0  # how many times recovery gave a job back, in all
@@ -75,6 +76,12 @@ class Design(ABC):
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # False when the design keeps keys outside `prefix` (a library's own key layout): it may then run
+    # only on a server crashbench started, never on --redis-url.
+    namespaced: ClassVar[bool] = True
+    # True when the worker process runs the library's own worker loop (`serve`) instead of fetch/ack;
+    # faults then go to the worker's whole process tree (a library may fork a child per job).
+    own_worker: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         self.r = client
@@ -112,6 +119,11 @@ class Design(ABC):
     def stop_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
         """A graceful stop (SIGTERM): the worker finished its job; hand back anything it still holds."""
 
+    def serve(self, worker: str) -> None:
+        """Library adapters (own_worker = True): run the library's worker in this process until it stops.
+        Its task is `crashbench.task.handle(job_id)`, which writes the ledger."""
+        raise NotImplementedError(f"{type(self).__name__} runs crashbench's worker loop, not serve()")
+
     def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
         """One recovery pass at time `now`: give back jobs of workers that look dead, move due retries."""
 
@@ -128,7 +140,11 @@ BUILTIN: dict[str, str] = {
     "naive": "crashbench.designs.naive:NaiveQueue",
     "reliable": "crashbench.designs.reliable:ReliableQueue",
     "stream": "crashbench.designs.stream:StreamQueue",
+    "rq": "crashbench.designs.rqlib:RQQueue",
+    "rq:reliable": "crashbench.designs.rqlib:RQReliable",
 }
+# The optional dependency a built-in design needs, for the error message when it is missing.
+EXTRAS: dict[str, str] = {"rq": "rq", "rq:reliable": "rq"}
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -153,7 +169,12 @@ def _import(spec: str) -> type[Design]:
 def load_design(spec: str) -> type[Design]:
     """A design class from a built-in name or `package.module:Class`."""
     if spec in BUILTIN:
-        return _import(BUILTIN[spec])
+        try:
+            return _import(BUILTIN[spec])
+        except UsageError as exc:
+            if spec in EXTRAS:
+                raise UsageError(exc.message, hint=f"pip install 'crashbench[{EXTRAS[spec]}]'") from None
+            raise
     if _SPEC.match(spec):
         return _import(spec)
     known = ", ".join(BUILTIN)

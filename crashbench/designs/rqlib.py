@@ -1,0 +1,107 @@
+"""rq and rq:reliable: the RQ library (python-rq 2.x) with its own worker, as a user runs it.
+
+Keys: RQ's own layout, outside crashbench's namespace (so these designs refuse --redis-url):
+    rq:queue:<Q>        list of job ids waiting        (Q = crashbench-<run>-<index>-<design>)
+    rq:job:<Q>-<id>     hash: the job (func crashbench.task.handle, args (id,))
+    rq:wip:<Q>          StartedJobRegistry: executing, scored by heartbeat expiry
+    rq:scheduled:<Q>    ScheduledJobRegistry: retries waiting for their interval (rq:reliable)
+    rq:failed:<Q>       FailedJobRegistry: failed, including abandoned jobs (AbandonedJobError)
+    rq:worker:<Q>-<w>   the worker's registration
+
+The worker is RQ's default `Worker`: it forks a work horse per job (which leaves the worker's process
+group), so faults go to the worker's whole process tree. A job whose horse dies stays in rq:wip
+until its heartbeat expires (job_monitoring_interval + 60 s, the 60 s fixed by RQ) and a worker's
+maintenance pass (every maintenance_interval, 600 s by default) finds it; then it is retried if the
+job has retries left, else moved to the failed registry as abandoned. Until then it is stranded.
+
+    rq            as installed: no retries, the default intervals
+    rq:reliable   per RQ's documentation: Retry(max=max_attempts - 1), maintenance every 1 s,
+                  job_monitoring_interval 1 s, worker_ttl 16 s (idle dequeues of 1 s), so an abandoned
+                  job is retried about 61 s after the kill
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import redis
+from rq import Queue, Retry, Worker
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+
+from crashbench.designs import Design, DesignSettings, Job, QueueState
+
+
+class RQQueue(Design):
+    name = "rq"
+    summary = "RQ 2.x as installed: work horse per job, no retries, abandoned jobs found after minutes"
+    namespaced = False
+    own_worker = True
+    retries: ClassVar[bool] = False
+    maintenance_interval: ClassVar[int] = 600  # RQ's defaults
+    job_monitoring_interval: ClassVar[int] = 30
+    worker_ttl: ClassVar[int] = 420  # an idle worker blocks worker_ttl - 15 s in its dequeue, skipping maintenance
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        pool = client.connection_pool
+        kwargs = {**pool.connection_kwargs, "decode_responses": False}  # RQ stores pickled data
+        self.raw = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+        self.qname = "crashbench-" + prefix.removeprefix("crashbench:").strip(":").replace(":", "-")
+        self.queue = Queue(self.qname, connection=self.raw)
+
+    def _rq_id(self, job_id: str) -> str:
+        return f"{self.qname}-{job_id}"
+
+    def _job_id(self, rq_id: str) -> str:
+        return rq_id.removeprefix(f"{self.qname}-").split(":")[0]  # rq:wip entries are "<job>:<execution>"
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        retry = Retry(max=self.settings.max_attempts - 1) if self.retries else None
+        data = [
+            Queue.prepare_data("crashbench.task.handle", args=(j.id,), job_id=self._rq_id(j.id), retry=retry)
+            for j in jobs
+        ]
+        self.queue.enqueue_many(data)
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        raise NotImplementedError("RQ's worker fetches its own jobs")
+
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        raise NotImplementedError("RQ's worker acknowledges its own jobs")
+
+    def serve(self, worker: str) -> None:
+        Worker(
+            [self.queue],
+            connection=self.raw,
+            name=f"{self.qname}-{worker}",
+            maintenance_interval=self.maintenance_interval,
+            job_monitoring_interval=self.job_monitoring_interval,
+            worker_ttl=self.worker_ttl,
+        ).work(logging_level="WARNING", with_scheduler=self.retries)
+
+    def _ids(self, key: str, kind: str) -> list[str]:
+        raw = self.raw.lrange(key, 0, -1) if kind == "list" else self.raw.zrange(key, 0, -1)
+        return [self._job_id(x.decode()) for x in raw]
+
+    def backlog(self) -> int:
+        # Raw reads: RQ's own count() would run its cleanup, which is recovery the library must do itself.
+        started = StartedJobRegistry(queue=self.queue).key
+        scheduled = ScheduledJobRegistry(queue=self.queue).key
+        return int(self.raw.llen(self.queue.key) + self.raw.zcard(started) + self.raw.zcard(scheduled))
+
+    def state(self) -> QueueState:
+        held = dict.fromkeys(self._ids(self.queue.key, "list"), "queue")
+        held |= dict.fromkeys(self._ids(ScheduledJobRegistry(queue=self.queue).key, "zset"), "scheduled")
+        held |= dict.fromkeys(self._ids(StartedJobRegistry(queue=self.queue).key, "zset"), "started")
+        failed = set(self._ids(FailedJobRegistry(queue=self.queue).key, "zset"))
+        return QueueState(held=held, failed=failed)
+
+
+class RQReliable(RQQueue):
+    name = "rq:reliable"
+    summary = "RQ 2.x with Retry and 1 s maintenance: abandoned jobs retried ~61 s after the kill"
+    retries = True
+    maintenance_interval = 1
+    job_monitoring_interval = 1
+    worker_ttl = 16  # dequeue blocks 1 s at a time, so an idle worker still runs its maintenance
