@@ -77,7 +77,7 @@ class StopFlag:
 
 
 class CrashRun:
-    STARTUP_TIMEOUT = 10.0
+    STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
     MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
 
@@ -228,17 +228,18 @@ class CrashRun:
         due = self.t0 + planned.at
         sig = self.sc.signum
         mid_job_wanted = self.sc.kill_when == "mid-job"
-        # If no job reaches the victim (the queue ran dry, a library worker still starting), kill it
-        # anyway after a while; the record then says it was not mid-job.
-        give_up = due + max(self.MID_JOB_WAIT, 20 * self.sc.longest_job_s)
+        # If no job reaches the victim (the queue ran dry), kill it anyway after a while, counted
+        # from when it was due and ready; the record then says it was not mid-job.
+        wait = max(self.MID_JOB_WAIT, 20 * self.sc.longest_job_s)
         while True:
             self._tick()
             now = self.clock()
             victim = self.sup.slots[planned.slot]
-            if now < due or self.ledger.ready_at(victim.name) is None or victim.name in self._paused:
+            ready = self.ledger.ready_at(victim.name)
+            if now < due or ready is None or victim.name in self._paused:
                 time.sleep(self.TICK)
                 continue
-            if mid_job_wanted and now < give_up:
+            if mid_job_wanted and now < max(due, ready) + wait:
                 if self.ledger.inside(victim.name) is None:
                     time.sleep(self.TICK / 10)
                     continue

@@ -57,9 +57,8 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     design = spec.design(client, spec.prefix, spec.settings)
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, time.monotonic())
-    ledger.ready(time.monotonic())
+    design.serve(name, lambda: ledger.ready(time.monotonic()))
     ledger.close()
-    design.serve(name)
     return 0
 
 

@@ -15,7 +15,7 @@ import importlib
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -119,9 +119,10 @@ class Design(ABC):
     def stop_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
         """A graceful stop (SIGTERM): the worker finished its job; hand back anything it still holds."""
 
-    def serve(self, worker: str) -> None:
-        """Library adapters (own_worker = True): run the library's worker in this process until it stops.
-        Its task is `crashbench.task.handle(job_id)`, which writes the ledger."""
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        """Library adapters (own_worker = True): run the library's worker in this process until it stops,
+        calling `ready()` once it is about to take jobs (the READY handshake). Its task is
+        `crashbench.task.handle(job_id)`, which writes the ledger."""
         raise NotImplementedError(f"{type(self).__name__} runs crashbench's worker loop, not serve()")
 
     def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
@@ -142,9 +143,11 @@ BUILTIN: dict[str, str] = {
     "stream": "crashbench.designs.stream:StreamQueue",
     "rq": "crashbench.designs.rqlib:RQQueue",
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",
+    "celery": "crashbench.designs.celerylib:CeleryQueue",
+    "celery:acks-late": "crashbench.designs.celerylib:CeleryAcksLate",
 }
 # The optional dependency a built-in design needs, for the error message when it is missing.
-EXTRAS: dict[str, str] = {"rq": "rq", "rq:reliable": "rq"}
+EXTRAS: dict[str, str] = {"rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery"}
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

@@ -22,8 +22,8 @@ job has retries left, else moved to the failed registry as abandoned. Until then
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import redis
 from rq import Queue, Retry, Worker
@@ -70,8 +70,13 @@ class RQQueue(Design):
     def ack(self, worker: str, job: Job, now: float) -> None:
         raise NotImplementedError("RQ's worker acknowledges its own jobs")
 
-    def serve(self, worker: str) -> None:
-        Worker(
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        class ReadyWorker(Worker):
+            def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+                super().bootstrap(*args, **kwargs)
+                ready()  # registered and about to dequeue
+
+        ReadyWorker(
             [self.queue],
             connection=self.raw,
             name=f"{self.qname}-{worker}",

@@ -1,0 +1,107 @@
+"""celery and celery:acks-late: Celery 5.x on its Redis broker (kombu), with Celery's own worker.
+
+Keys (all under the run prefix P, through kombu's `global_keyprefix` transport option):
+    P jobs                  list of task messages waiting (JSON; the task id in headers.id)
+    P unacked               hash delivery tag -> [message, exchange, routing key]: delivered, not acked
+    P unacked_index         sorted set delivery tag -> delivery time, for the visibility timeout
+    P unacked_mutex         the restore sweep's lock
+    P _kombu.binding.jobs   kombu's routing table
+
+Each worker slot runs `app.Worker` with the prefork pool (concurrency 1): the task runs in a pool
+child process, so faults go to the worker's whole process tree.
+
+    celery           as installed: the task is acked when it starts (early ack), prefetch x4, a
+                     visibility timeout of one hour: a task killed while running is gone; messages the
+                     worker had prefetched wait in `unacked` for an hour
+    celery:acks-late per Celery's documentation for tasks that must survive a worker crash:
+                     task_acks_late + task_reject_on_worker_lost, prefetch x1, visibility_timeout =
+                     queue.stale_after, and the restore sweep every second
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import redis
+from celery import Celery
+from celery.signals import worker_ready
+
+from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.task import handle
+
+QUEUE = "jobs"
+TASK = "crashbench.handle"
+
+
+class CeleryQueue(Design):
+    name = "celery"
+    summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
+    own_worker = True
+    acks_late: ClassVar[bool] = False
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        kwargs = client.connection_pool.connection_kwargs
+        url = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+        self.app = Celery("crashbench", broker=url, set_as_current=False)
+        self.app.conf.update(self._config())
+        self.app.task(name=TASK, ignore_result=True)(handle)
+
+    def _config(self) -> dict[str, Any]:
+        transport: dict[str, Any] = {"global_keyprefix": self.prefix}
+        config: dict[str, Any] = {
+            "broker_transport_options": transport,
+            "task_ignore_result": True,
+            "worker_hijack_root_logger": False,
+            "broker_connection_retry_on_startup": True,
+            "task_default_queue": QUEUE,
+        }
+        if self.acks_late:
+            transport.update(
+                visibility_timeout=self.settings.stale_after,
+                unacked_restore_interval=1,
+                unacked_restore_throttle=1,
+            )
+            config.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1)
+        return config
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for job in jobs:
+                self.app.send_task(TASK, args=(job.id,), task_id=job.id, queue=QUEUE, producer=producer)
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        raise NotImplementedError("Celery's worker fetches its own tasks")
+
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        raise NotImplementedError("Celery's worker acknowledges its own tasks")
+
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        worker_ready.connect(lambda **_: ready(), weak=False)  # consumer started, pool up
+        self.app.Worker(
+            hostname=f"{worker}@crashbench",
+            pool="prefork",
+            concurrency=1,
+            queues=[QUEUE],
+            loglevel="WARNING",
+            without_mingle=True,
+            without_gossip=True,
+            without_heartbeat=True,
+        ).start()
+
+    def backlog(self) -> int:
+        return int(self.r.llen(self.key(QUEUE)) + self.r.hlen(self.key("unacked")))
+
+    def state(self) -> QueueState:
+        held = {json.loads(raw)["headers"]["id"]: "queue" for raw in self.r.lrange(self.key(QUEUE), 0, -1)}
+        for raw in self.r.hvals(self.key("unacked")):
+            held[json.loads(raw)[0]["headers"]["id"]] = "unacked"
+        return QueueState(held=held)
+
+
+class CeleryAcksLate(CeleryQueue):
+    name = "celery:acks-late"
+    summary = "Celery 5.x with acks_late + reject_on_worker_lost + a short visibility timeout"
+    acks_late = True
