@@ -161,11 +161,13 @@ class Supervisor:
 
     def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> None:
         self._check_identity(w)
+        # List the tree before signalling: once the worker dies its children are re-parented and can
+        # no longer be found from it.
+        below = self._family(w)[1:] if self.tree and whole_tree else []
         os.kill(w.pid, sig)
-        if self.tree and whole_tree:
-            for p in self._family(w)[1:]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(sig)
+        for p in below:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
 
     def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its

@@ -75,11 +75,27 @@ def small() -> Scenario:
     )
 
 
+def _library_task_processes() -> set[psutil.Process]:
+    """Processes a library worker forked to run crashbench's task (they carry its ledger in their
+    environment): once their worker dies they are re-parented away from this process's tree."""
+    found = set()
+    for p in psutil.process_iter():
+        try:
+            if "CRASHBENCH_LEDGER" in p.environ() and p.status() != psutil.STATUS_ZOMBIE:
+                found.add(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind() -> Iterator[None]:
-    """Every test must leave no new child process behind, whatever it did (session servers excepted)."""
-    before = set(psutil.Process().children(recursive=True))
+    """Every test must leave no new process behind, whatever it did (session servers excepted): no
+    child of this process, and no library task process re-parented away from it."""
+    before = set(psutil.Process().children(recursive=True)) | _library_task_processes()
     yield
-    new = [p for p in psutil.Process().children(recursive=True) if p not in before]
+    now = set(psutil.Process().children(recursive=True)) | _library_task_processes()
+    new = [p for p in now if p not in before]
     _, alive = psutil.wait_procs(new, timeout=3)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes left behind: {[' '.join(p.cmdline()) for p in alive]}"
