@@ -53,9 +53,18 @@ def test_library_designs_refuse_a_server_crashbench_does_not_own(valkey_url: str
 celery_installed = pytest.mark.skipif(importlib.util.find_spec("celery") is None, reason="celery is not installed")
 
 
-@celery_installed
-@pytest.mark.parametrize("design", ["celery", "celery:acks-late"])
-def test_celery_without_kills_runs_every_job_once_and_keeps_to_its_namespace(
+def installed(module: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
+
+
+@pytest.mark.parametrize(
+    "design",
+    [
+        pytest.param(d, marks=installed(d.split(":")[0]))
+        for d in ("celery", "celery:acks-late", "dramatiq", "dramatiq:reliable")
+    ],
+)
+def test_namespaced_libraries_run_every_job_once_and_leave_no_key(
     client: redis.Redis, valkey_url: str, small: Scenario, design: str
 ) -> None:
     before = set(client.scan_iter())
@@ -83,6 +92,18 @@ def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(sm
     assert killed <= set(run.jobs["lost"]) | set(run.jobs["stranded"])  # each killed task: gone or parked
     assert set(c.stranded_at) <= {"unacked", "queue"}
     assert c.duplicated == 0
+
+
+@installed("dramatiq")
+def test_dramatiq_reliable_requeues_a_dead_workers_messages(small: Scenario) -> None:
+    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, stale_after=0.3, drain_timeout=10)
+    run = run_designs(sc, ["dramatiq:reliable"], Options()).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.kills_mid_job == 3, run.kills
+    assert (c.lost, c.stranded) == (0, 0)
+    assert c.done == c.enqueued
+    assert all(k.recovered_after_ms is not None for k in run.kills)
 
 
 @celery_installed

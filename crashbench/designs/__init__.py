@@ -91,6 +91,12 @@ class Design(ABC):
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
+    def url(self) -> str:
+        """The server's URL, for a library that wants one rather than a client."""
+        kw = self.r.connection_pool.connection_kwargs
+        auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
+        return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Create what the queue needs before the first enqueue (consumer groups, ...)."""
 
@@ -145,9 +151,14 @@ BUILTIN: dict[str, str] = {
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",
     "celery": "crashbench.designs.celerylib:CeleryQueue",
     "celery:acks-late": "crashbench.designs.celerylib:CeleryAcksLate",
+    "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
+    "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
 }
 # The optional dependency a built-in design needs, for the error message when it is missing.
-EXTRAS: dict[str, str] = {"rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery"}
+EXTRAS: dict[str, str] = {
+    "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",
+    "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq",
+}  # fmt: skip
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

@@ -43,9 +43,7 @@ class CeleryQueue(Design):
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
-        kwargs = client.connection_pool.connection_kwargs
-        url = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-        self.app = Celery("crashbench", broker=url, set_as_current=False)
+        self.app = Celery("crashbench", broker=self.url(), set_as_current=False)
         self.app.conf.update(self._config())
         self.app.task(name=TASK, ignore_result=True)(handle)
 
