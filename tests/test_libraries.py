@@ -94,6 +94,26 @@ def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(sm
     assert c.duplicated == 0
 
 
+@installed("huey")
+def test_huey_loses_exactly_the_task_a_killed_worker_was_running(small: Scenario) -> None:
+    # huey RPOPs the task: nothing in Redis remembers it while it runs, as with the naive design.
+    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
+    run = run_designs(sc, ["huey"], Options()).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.kills_mid_job == 3, run.kills
+    assert c.lost == 3 and set(run.jobs["lost"]) == {k.job for k in run.kills}
+    assert (c.stranded, c.duplicated) == (0, 0)
+    assert c.done == c.enqueued - 3
+
+
+@installed("huey")
+def test_huey_without_kills_runs_every_job_exactly_once(small: Scenario) -> None:
+    run = run_designs(dataclasses.replace(small, jobs=100, kills=0), ["huey"], Options()).runs[0]
+    assert run.count_problems == []
+    assert run.counts.done == run.counts.executions == 100
+
+
 @installed("dramatiq")
 def test_dramatiq_reliable_requeues_a_dead_workers_messages(small: Scenario) -> None:
     sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, stale_after=0.3, drain_timeout=10)

@@ -153,11 +153,12 @@ BUILTIN: dict[str, str] = {
     "celery:acks-late": "crashbench.designs.celerylib:CeleryAcksLate",
     "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
     "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
+    "huey": "crashbench.designs.hueylib:HueyQueue",
 }
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",
-    "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq",
+    "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey",
 }  # fmt: skip
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
