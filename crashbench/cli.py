@@ -20,7 +20,7 @@ from crashbench.errors import CrashbenchError, ExitCode, RunAborted, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
-from crashbench.scenario import FAULT_SIGNALS, KILL_WHEN, SWEEPABLE, Scenario
+from crashbench.scenario import FAULT_SIGNALS, KILL_TARGETS, KILL_WHEN, SWEEPABLE, Scenario
 from crashbench.session import BUILTIN_ORDER, Options, run_designs, run_sweep
 from crashbench.workload import DISTRIBUTIONS
 
@@ -61,6 +61,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--signal", "signal", str, f"Fault signal: {', '.join(FAULT_SIGNALS)}; SIGSTOP pauses for --pause s (faults.signal)."),
     ("--kill-when", "kill_when", click.Choice(KILL_WHEN), "mid-job: wait until the victim is inside a handler; any: on the clock (faults.kill_when)."),
     ("--seed", "seed", int, "Seed for victims and failing jobs; same seed, same schedule (faults.seed)."),
+    ("--kill-target", "kill_target", click.Choice(KILL_TARGETS), "For library workers: the whole process tree, only the worker process, or only the child running the job (faults.kill_target)."),
     ("--pause", "pause", float, "Seconds a SIGSTOPped worker stays paused before SIGCONT (faults.pause)."),
     ("--stale-after", "stale_after", float, "Seconds before recovery takes back a silent worker's jobs (queue.stale_after)."),
     ("--recover-every", "recover_every", float, "Seconds between recovery passes (queue.recover_every)."),

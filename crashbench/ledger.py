@@ -5,7 +5,8 @@ is either whole or absent when the worker is SIGKILLed, and it survives the kill
 Records, one per line, times on the harness clock (time.monotonic()):
 
     R <t>            the worker is ready (the READY handshake)
-    S <job> <t>      the handler of <job> starts  (the start marker: the worker is inside a handler)
+    S <job> <t> <pid>  the handler of <job> starts in process <pid> (the start marker: the worker is
+                     inside a handler; the pid says which process of its tree runs it)
     E <job> <t>      the handler of <job> ended, written before the ack
     F <job> <t>      the handler of <job> raised (the job failed), written before the design's fail
 
@@ -27,12 +28,13 @@ class LedgerWriter:
 
     def __init__(self, path: Path | str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.pid = os.getpid()
 
     def ready(self, now: float) -> None:
         os.write(self.fd, b"R %.6f\n" % now)
 
     def start(self, job_id: str, now: float) -> None:
-        os.write(self.fd, b"S %s %.6f\n" % (job_id.encode(), now))
+        os.write(self.fd, b"S %s %.6f %d\n" % (job_id.encode(), now, self.pid))
 
     def end(self, job_id: str, now: float) -> None:
         os.write(self.fd, b"E %s %.6f\n" % (job_id.encode(), now))
@@ -51,6 +53,7 @@ class Execution:
     start: float
     end: float | None = None  # None: the handler never finished (the worker died inside it)
     failed: bool = False  # the handler raised; `end` is when
+    pid: int = 0  # the process that ran the handler
 
     @property
     def completed(self) -> bool:
@@ -104,7 +107,7 @@ class Ledger:
         if kind == "R":
             tail.ready_at = float(rest[0])
         elif kind == "S":
-            ex = Execution(rest[0], worker, float(rest[1]))
+            ex = Execution(rest[0], worker, float(rest[1]), pid=int(rest[2]) if len(rest) > 2 else 0)
             self.executions.append(ex)
             tail.open = ex
         elif kind in ("E", "F"):

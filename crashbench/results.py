@@ -32,6 +32,7 @@ class KillRecord:
     worker: str
     pid: int
     signal: str
+    target: str  # worker (single-process worker), tree, parent or child: which processes got the signal
     mid_job: bool  # the victim was inside a handler when the signal landed
     job: str | None  # the job whose handler it was inside
     waited_ms: float  # how long the fault waited for the victim to be inside a handler

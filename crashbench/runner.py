@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
+import psutil
 import redis
 
 from crashbench import counts as counting
@@ -265,20 +266,35 @@ class CrashRun:
         # Exact when frozen (checked after the freeze); for "any", as of this last look.
         inside = self.ledger.inside(victim.name)
         replacement = None
+        target = self.sc.kill_target if self.design_cls.own_worker else "worker"
+        child = inside.pid if inside and inside.pid != victim.pid else 0
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
             self.sup.send(victim, sig)
             self._paused[victim.name] = (at + self.sc.pause, victim)
+        elif target == "child" and child and (proc := self.sup.send_below(victim, child, sig)):
+            # Only the process running the job: the worker lives on and deals with its loss.
+            if frozen:
+                self.sup.thaw(victim)
+            if sig == signal.SIGKILL:
+                psutil.wait_procs([proc], timeout=5.0)
         else:
+            if target == "child":
+                target = "worker"  # the job runs in the worker process itself
+            rest = self.sup.below(victim) if target == "parent" else []
             victim.signalled = sig
-            self.sup.send(victim, sig)
+            self.sup.send(victim, sig, whole_tree=target != "parent")
+            for p in rest if frozen else []:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(signal.SIGCONT)  # the orphans go on as they would
             if frozen and sig != signal.SIGKILL:
                 self.sup.thaw(victim)  # let it act on the signal
             replacement = self.sup.spawn(planned.slot)
+            if sig == signal.SIGKILL:
+                self.sup.wait_exit(victim, 5.0)
         if sig == signal.SIGKILL:
-            self.sup.wait_exit(victim, 5.0)
             self.ledger.poll(victim.name)
-            inside = self.ledger.inside(victim.name)  # exactly what it was running when it died
+            inside = self.ledger.inside(victim.name) or inside  # what it was running when it died
         return KillRecord(
             index=planned.index,
             planned_at=planned.at,
@@ -287,6 +303,7 @@ class CrashRun:
             worker=victim.name,
             pid=victim.pid,
             signal=signal.Signals(sig).name,
+            target=target,
             mid_job=inside is not None,
             job=inside.job if inside else None,
             waited_ms=round((at - due) * 1000, 3),

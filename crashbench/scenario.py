@@ -28,6 +28,9 @@ from crashbench.errors import ScenarioError
 from crashbench.workload import DISTRIBUTIONS, Workload, job_ids
 
 KILL_WHEN = ("mid-job", "any")
+# For workers that are process trees (library workers): the whole tree, only the worker process, or
+# only the child running the job.
+KILL_TARGETS = ("tree", "parent", "child")
 # Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
 # pause it (SIGSTOP, resumed with SIGCONT after faults.pause seconds).
 FAULT_SIGNALS = (
@@ -40,7 +43,7 @@ COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "str
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
                  "transient_failures"),
-    "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause"),
+    "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every"),
     "run": ("drain_timeout", "designs"),
@@ -49,7 +52,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
-    if name not in ("job_dist", "signal", "kill_when", "designs")
+    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target")
 )  # fmt: skip
 
 _EXPECT = re.compile(r"^\s*(==|!=|<=|>=|<|>)?\s*([A-Za-z_]\w*|-?\d+)\s*$")
@@ -100,6 +103,7 @@ class Scenario:
     kill_when: str = "mid-job"
     seed: int = 1
     pause: float = 1.0  # seconds a SIGSTOPped worker stays paused before SIGCONT
+    kill_target: str = "tree"
     # queue
     stale_after: float = 1.0
     recover_every: float = 0.25
@@ -183,6 +187,8 @@ class Scenario:
         _positive(p, "faults.interval", self.interval)
         if self.signal not in FAULT_SIGNALS:
             p.append(f"faults.signal {self.signal!r} is not one of {', '.join(FAULT_SIGNALS)}")
+        if self.kill_target not in KILL_TARGETS:
+            p.append(f"faults.kill_target must be one of {', '.join(KILL_TARGETS)}, not {self.kill_target!r}")
         if self.kill_when not in KILL_WHEN:
             p.append(f"faults.kill_when must be one of {', '.join(KILL_WHEN)}, not {self.kill_when!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -169,6 +169,17 @@ class Supervisor:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
 
+    def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
+        """Signal `pid` if it is a process below worker `w` (never `w` itself); the process, or None."""
+        for p in self._family(w)[1:]:
+            if p.pid == pid:
+                p.send_signal(sig)  # psutil checks the start time: a reused pid is not signalled
+                return p
+        return None
+
+    def below(self, w: WorkerProcess) -> list[psutil.Process]:
+        return self._family(w)[1:]
+
     def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
         ledger can no longer move."""

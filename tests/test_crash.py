@@ -25,6 +25,7 @@ def test_reliable_and_stream_lose_nothing_under_mid_job_kills(server_url: str, s
         assert_counts_add_up(run)
         assert run.timings.drained
         assert (c.kills, c.kills_mid_job) == (5, 5), run.kills
+        assert {k.target for k in run.kills} == {"worker"}  # a single-process worker is the whole target
         assert c.lost == 0 and c.stranded == 0 and c.dead_lettered == 0
         assert c.done == c.enqueued == 600
         # Each killed worker held exactly one job, and recovery gave exactly that one back (a job

@@ -45,6 +45,20 @@ def test_rq_leaves_a_killed_job_in_its_started_registry(small: Scenario) -> None
 
 
 @rq_installed
+def test_rq_counts_a_job_whose_work_horse_alone_was_killed_as_failed(small: Scenario) -> None:
+    # --kill-target child: only the process running the job dies; RQ's worker sees its horse die and
+    # moves the job to its FailedJobRegistry, which crashbench counts as failed, not done.
+    sc = dataclasses.replace(small, jobs=200, job_ms=20, kills=3, interval=0.15, drain_timeout=5, kill_target="child")
+    run = run_designs(sc, ["rq"], Options()).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert [(k.target, k.mid_job, k.replacement) for k in run.kills] == [("child", True, None)] * 3
+    assert c.failed == 3 and set(run.jobs["failed"]) == {k.job for k in run.kills}
+    assert (c.lost, c.stranded, c.duplicated) == (0, 0, 0)
+    assert c.done == c.enqueued - 3
+
+
+@rq_installed
 def test_library_designs_refuse_a_server_crashbench_does_not_own(valkey_url: str, small: Scenario) -> None:
     with pytest.raises(UsageError, match="outside crashbench's namespace"):
         run_designs(small, ["rq"], Options(redis_url=valkey_url))
