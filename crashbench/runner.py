@@ -109,9 +109,9 @@ class CrashRun:
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.design = self.design_cls(self.client, self.prefix, scenario.settings())
+        self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.ledger = Ledger(self.dir / "ledger")
-        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(), scenario.workload())
+        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(design_spec), scenario.workload())
         parent = os.getpid()
 
         def prepare(name: str) -> Callable[[], int]:

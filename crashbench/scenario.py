@@ -7,6 +7,7 @@
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every
     [run]       drain_timeout, designs
     [expect.<design>]  <count> = <int> | "<op> <int or count name>"   (op: == != <= >= < >)
+    [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
 
 Every field has a default (the lesson's crash test), so a scenario names only what differs.
 Validation reports every problem at once.
@@ -116,9 +117,11 @@ class Scenario:
     drain_timeout: float = 30.0
     designs: tuple[str, ...] = ()
     expect: dict[str, tuple[Expectation, ...]] = field(default_factory=dict)
+    library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
 
-    def settings(self) -> DesignSettings:
+    def settings(self, design: str = "") -> DesignSettings:
         return DesignSettings(
+            options=self.library.get(design, {}),
             stale_after=self.stale_after,
             recover_every=self.recover_every,
             max_attempts=self.max_attempts,
@@ -275,8 +278,14 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
                     values[sub] = v
         elif key == "expect":
             values["expect"] = _parse_expect(value, problems)
+        elif key == "library":
+            if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+                values["library"] = value
+            else:
+                problems.append('[library] must hold one table per design, like [library."celery:acks-late"]')
         else:
-            problems.append(f"unknown key or section {key!r} (known: name, description, {', '.join(SECTIONS)}, expect)")
+            known = f"name, description, {', '.join(SECTIONS)}, expect, library"
+            problems.append(f"unknown key or section {key!r} (known: {known})")
     if "signal" in values:
         values["signal"] = _signal_name(values["signal"])
     if "designs" in values:

@@ -150,3 +150,22 @@ def test_celery_acks_late_redelivers_the_killed_tasks(small: Scenario) -> None:
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
     assert all(k.recovered_after_ms is not None for k in run.kills)
+
+
+@celery_installed
+def test_a_scenarios_library_settings_reach_the_library(small: Scenario) -> None:
+    # Plain "celery", configured through [library.celery] exactly like celery:acks-late: it must then
+    # behave like it (nothing lost), which only happens if the settings reached Celery.
+    settings = {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {"visibility_timeout": 0.3, "unacked_restore_interval": 1,
+                                     "unacked_restore_throttle": 1},
+    }  # fmt: skip
+    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=10, library={"celery": settings})
+    run = run_designs(sc, ["celery"], Options()).runs[0]
+    assert run.count_problems == []
+    assert run.counts.kills_mid_job == 3, run.kills
+    assert (run.counts.lost, run.counts.stranded) == (0, 0)
+    assert run.counts.done == run.counts.enqueued

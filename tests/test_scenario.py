@@ -97,3 +97,15 @@ def test_sweep_values_follow_the_settings_declared_type() -> None:
     assert [v.kills for v in sweep_values(sc, "kills", "1,3")] == [1, 3]
     with pytest.raises(UsageError, match="not a whole number"):
         sweep_values(sc, "kills", "1.5")
+
+
+def test_library_tables_pass_through_to_the_design_settings(tmp_path: Path) -> None:
+    path = tmp_path / "lib.toml"
+    path.write_text('[library."celery:acks-late"]\nworker_prefetch_multiplier = 2\n[library.rq]\nworker_ttl = 30\n')
+    sc = scenario.load(str(path))
+    assert sc.settings("celery:acks-late").options == {"worker_prefetch_multiplier": 2}
+    assert sc.settings("rq").options == {"worker_ttl": 30}
+    assert sc.settings("reliable").options == {}
+    path.write_text("[library]\nrq = 3\n")
+    with pytest.raises(ScenarioError, match="one table per design"):
+        scenario.load(str(path))

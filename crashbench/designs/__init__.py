@@ -47,6 +47,8 @@ class DesignSettings:
     retry_factor: float = 4.0  # each further retry waits this many times longer
     retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
+    # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def retry_delay(self, attempt: int, u: float) -> float:
         """Backoff after failed attempt number `attempt`; `u` in [0, 1) draws the jitter."""

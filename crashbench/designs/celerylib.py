@@ -63,7 +63,10 @@ class CeleryQueue(Design):
                 unacked_restore_throttle=1,
             )
             config.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1)
-        return config
+        options = dict(self.settings.options)  # the scenario's [library.<design>]: Celery settings
+        transport.update(options.pop("broker_transport_options", {}))
+        transport["global_keyprefix"] = self.prefix  # crashbench's namespace always wins
+        return {**config, **options}
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         with self.app.producer_or_acquire() as producer:

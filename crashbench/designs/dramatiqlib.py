@@ -48,6 +48,7 @@ class DramatiqQueue(Design):
         options: dict = {}
         if self.reliable:
             options = {"heartbeat_timeout": int(settings.stale_after * 1000), "maintenance_chance": 1_000_000}
+        options.update(settings.options)  # the scenario's [library.<design>]: RedisBroker arguments
         self.broker = RedisBroker(url=self.url(), namespace=self.ns, **options)
         self.actor = dramatiq.Actor(
             handle, broker=self.broker, actor_name="crashbench_handle", queue_name=QUEUE, priority=0, options={}

@@ -30,7 +30,8 @@ class HueyQueue(Design):
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
-        self.huey = RedisHuey(name=prefix, url=self.url(), results=False)
+        # The scenario's [library.<design>]: RedisHuey arguments.
+        self.huey = RedisHuey(name=prefix, url=self.url(), **{"results": False, **settings.options})
         self.task = self.huey.task(name="crashbench_handle")(handle)
 
     def enqueue(self, jobs: Sequence[Job]) -> None:

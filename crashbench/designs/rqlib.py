@@ -56,10 +56,21 @@ class RQQueue(Design):
     def _job_id(self, rq_id: str) -> str:
         return rq_id.removeprefix(f"{self.qname}-").split(":")[0]  # rq:wip entries are "<job>:<execution>"
 
+    def _option(self, name: str, default: Any) -> Any:
+        """The scenario's [library.<design>] value (RQ Worker arguments, retry_max, job_timeout)."""
+        return self.settings.options.get(name, default)
+
     def enqueue(self, jobs: Sequence[Job]) -> None:
-        retry = Retry(max=self.settings.max_attempts - 1) if self.retries else None
+        retries = self._option("retry_max", self.settings.max_attempts - 1 if self.retries else 0)
+        retry = Retry(max=retries) if retries else None
         data = [
-            Queue.prepare_data("crashbench.task.handle", args=(j.id,), job_id=self._rq_id(j.id), retry=retry)
+            Queue.prepare_data(
+                "crashbench.task.handle",
+                args=(j.id,),
+                job_id=self._rq_id(j.id),
+                retry=retry,
+                timeout=self._option("job_timeout", None),
+            )
             for j in jobs
         ]
         self.queue.enqueue_many(data)
@@ -80,10 +91,10 @@ class RQQueue(Design):
             [self.queue],
             connection=self.raw,
             name=f"{self.qname}-{worker}",
-            maintenance_interval=self.maintenance_interval,
-            job_monitoring_interval=self.job_monitoring_interval,
-            worker_ttl=self.worker_ttl,
-        ).work(logging_level="WARNING", with_scheduler=self.retries)
+            maintenance_interval=self._option("maintenance_interval", self.maintenance_interval),
+            job_monitoring_interval=self._option("job_monitoring_interval", self.job_monitoring_interval),
+            worker_ttl=self._option("worker_ttl", self.worker_ttl),
+        ).work(logging_level="WARNING", with_scheduler=self._option("with_scheduler", self.retries))
 
     def _ids(self, key: str, kind: str) -> list[str]:
         raw = self.raw.lrange(key, 0, -1) if kind == "list" else self.raw.zrange(key, 0, -1)
