@@ -17,7 +17,7 @@ from types import FrameType
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, Job
+from crashbench.designs import Design, DesignSettings, Job, LibraryDesign
 from crashbench.ledger import LedgerWriter
 from crashbench.workload import Workload
 
@@ -55,6 +55,7 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     os.environ["CRASHBENCH_WORKLOAD"] = spec.workload.to_json()
     client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
     design = spec.design(client, spec.prefix, spec.settings)
+    assert isinstance(design, LibraryDesign)
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, time.monotonic())
     design.serve(name, lambda: ledger.ready(time.monotonic()))

@@ -81,8 +81,8 @@ class Design(ABC):
     # False when the design keeps keys outside `prefix` (a library's own key layout): it may then run
     # only on a server crashbench started, never on --redis-url.
     namespaced: ClassVar[bool] = True
-    # True when the worker process runs the library's own worker loop (`serve`) instead of fetch/ack;
-    # faults then go to the worker's whole process tree (a library may fork a child per job).
+    # True for LibraryDesign: the worker process runs the library's own worker loop (`serve`) instead
+    # of fetch/ack; faults then go to the worker's process tree (a library may fork a child per job).
     own_worker: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -127,12 +127,6 @@ class Design(ABC):
     def stop_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
         """A graceful stop (SIGTERM): the worker finished its job; hand back anything it still holds."""
 
-    def serve(self, worker: str, ready: Callable[[], None]) -> None:
-        """Library adapters (own_worker = True): run the library's worker in this process until it stops,
-        calling `ready()` once it is about to take jobs (the READY handshake). Its task is
-        `crashbench.task.handle(job_id)`, which writes the ledger."""
-        raise NotImplementedError(f"{type(self).__name__} runs crashbench's worker loop, not serve()")
-
     def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
         """One recovery pass at time `now`: give back jobs of workers that look dead, move due retries."""
 
@@ -143,6 +137,25 @@ class Design(ABC):
     @abstractmethod
     def state(self) -> QueueState:
         """Everything the queue holds by job id, read once at the end of a run."""
+
+
+class LibraryDesign(Design):
+    """Base of the queue-library adapters: the library's own worker takes and acknowledges the jobs
+    (`serve`), so crashbench's fetch / ack are never called."""
+
+    own_worker = True
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        raise NotImplementedError(f"{self.name}: the library's worker fetches its own jobs")
+
+    def ack(self, worker: str, job: Job, now: float) -> None:
+        raise NotImplementedError(f"{self.name}: the library's worker acknowledges its own jobs")
+
+    @abstractmethod
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        """Run the library's worker in this process until it stops, calling `ready()` once it is about to
+        take jobs (the READY handshake). Its task is `crashbench.task.handle(job_id)`, which writes the
+        ledger."""
 
 
 BUILTIN: dict[str, str] = {

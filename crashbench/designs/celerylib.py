@@ -28,17 +28,16 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
 from crashbench.task import handle
 
 QUEUE = "jobs"
 TASK = "crashbench.handle"
 
 
-class CeleryQueue(Design):
+class CeleryQueue(LibraryDesign):
     name = "celery"
     summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
-    own_worker = True
     acks_late: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -72,12 +71,6 @@ class CeleryQueue(Design):
         with self.app.producer_or_acquire() as producer:
             for job in jobs:
                 self.app.send_task(TASK, args=(job.id,), task_id=job.id, queue=QUEUE, producer=producer)
-
-    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
-        raise NotImplementedError("Celery's worker fetches its own tasks")
-
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        raise NotImplementedError("Celery's worker acknowledges its own tasks")
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         worker_ready.connect(lambda **_: ready(), weak=False)  # consumer started, pool up

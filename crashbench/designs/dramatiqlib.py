@@ -30,16 +30,15 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
 from crashbench.task import handle
 
 QUEUE = "jobs"
 
 
-class DramatiqQueue(Design):
+class DramatiqQueue(LibraryDesign):
     name = "dramatiq"
     summary = "Dramatiq 2.x, Redis broker, as installed: ack after the actor, dead workers found after 60 s"
-    own_worker = True
     reliable: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -57,12 +56,6 @@ class DramatiqQueue(Design):
     def enqueue(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self.actor.send(job.id)
-
-    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
-        raise NotImplementedError("Dramatiq's worker fetches its own messages")
-
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        raise NotImplementedError("Dramatiq's worker acknowledges its own messages")
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         stop = threading.Event()

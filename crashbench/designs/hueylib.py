@@ -18,15 +18,14 @@ from collections.abc import Callable, Sequence
 import redis
 from huey import RedisHuey
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
 from crashbench.task import handle
 
 
-class HueyQueue(Design):
+class HueyQueue(LibraryDesign):
     name = "huey"
     summary = "huey, Redis storage, as installed: RPOP of the task, at-most-once like naive"
     namespaced = False
-    own_worker = True
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -37,12 +36,6 @@ class HueyQueue(Design):
     def enqueue(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
             self.task(job.id)
-
-    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
-        raise NotImplementedError("huey's consumer fetches its own tasks")
-
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        raise NotImplementedError("huey has nothing to acknowledge")
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         self.huey.on_startup()(ready)  # runs in the worker thread, as it starts taking tasks

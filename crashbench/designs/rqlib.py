@@ -29,14 +29,13 @@ import redis
 from rq import Queue, Retry, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
 
 
-class RQQueue(Design):
+class RQQueue(LibraryDesign):
     name = "rq"
     summary = "RQ 2.x as installed: work horse per job, no retries, abandoned jobs found after minutes"
     namespaced = False
-    own_worker = True
     retries: ClassVar[bool] = False
     maintenance_interval: ClassVar[int] = 600  # RQ's defaults
     job_monitoring_interval: ClassVar[int] = 30
@@ -74,12 +73,6 @@ class RQQueue(Design):
             for j in jobs
         ]
         self.queue.enqueue_many(data)
-
-    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
-        raise NotImplementedError("RQ's worker fetches its own jobs")
-
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        raise NotImplementedError("RQ's worker acknowledges its own jobs")
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         class ReadyWorker(Worker):
