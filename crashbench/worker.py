@@ -4,6 +4,8 @@ Fetch a job, mark the start in the ledger, run the handler, mark the end (or the
 fail). Signal handlers only set a flag; the loop notices it between jobs, so SIGTERM is a graceful
 stop: the current job finishes, the design hands back anything else, the worker exits. A worker
 also stops on its own when the runner is gone (its parent pid changes).
+
+A library adapter's worker (`serve_library`) runs the library's own loop instead.
 """
 
 from __future__ import annotations
