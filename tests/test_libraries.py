@@ -12,10 +12,13 @@ from crashbench.errors import UsageError
 from crashbench.scenario import Scenario
 from crashbench.session import Options, run_designs
 
-rq_installed = pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+
+def installed(module: str) -> pytest.MarkDecorator:
+    """Library tests run where the library is (the test extra installs them all)."""
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
-@rq_installed
+@installed("rq")
 @pytest.mark.parametrize("design", ["rq", "rq:reliable"])
 def test_rq_without_kills_runs_every_job_exactly_once(small: Scenario, design: str) -> None:
     sc = dataclasses.replace(small, jobs=60, kills=0)
@@ -26,7 +29,7 @@ def test_rq_without_kills_runs_every_job_exactly_once(small: Scenario, design: s
     assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
 
 
-@rq_installed
+@installed("rq")
 def test_rq_leaves_a_killed_job_in_its_started_registry(small: Scenario) -> None:
     # What RQ 2.x does as installed: the work horse dies with the job, the job stays in rq:wip until
     # its heartbeat expires (>= 60 s) and a maintenance pass finds it. Within a 5 s window: stranded.
@@ -44,7 +47,7 @@ def test_rq_leaves_a_killed_job_in_its_started_registry(small: Scenario) -> None
     assert not run.timings.drained  # the window ran out with the jobs still held
 
 
-@rq_installed
+@installed("rq")
 def test_rq_counts_a_job_whose_work_horse_alone_was_killed_as_failed(small: Scenario) -> None:
     # --kill-target child: only the process running the job dies; RQ's worker sees its horse die and
     # moves the job to its FailedJobRegistry, which crashbench counts as failed, not done.
@@ -58,17 +61,10 @@ def test_rq_counts_a_job_whose_work_horse_alone_was_killed_as_failed(small: Scen
     assert c.done == c.enqueued - 3
 
 
-@rq_installed
+@installed("rq")
 def test_library_designs_refuse_a_server_crashbench_does_not_own(valkey_url: str, small: Scenario) -> None:
     with pytest.raises(UsageError, match="outside crashbench's namespace"):
         run_designs(small, ["rq"], Options(redis_url=valkey_url))
-
-
-celery_installed = pytest.mark.skipif(importlib.util.find_spec("celery") is None, reason="celery is not installed")
-
-
-def installed(module: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
 @pytest.mark.parametrize(
@@ -91,7 +87,7 @@ def test_namespaced_libraries_run_every_job_once_and_leave_no_key(
     assert set(client.scan_iter()) == before  # every key was under crashbench's prefix, and is gone
 
 
-@celery_installed
+@installed("celery")
 def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(small: Scenario) -> None:
     # Early ack: the task a killed worker was running is acked already, so it is gone (kombu acks
     # asynchronously, so now and then the ack has not landed and the task is still in `unacked`).
@@ -128,44 +124,35 @@ def test_huey_without_kills_runs_every_job_exactly_once(small: Scenario) -> None
     assert run.counts.done == run.counts.executions == 100
 
 
-@installed("dramatiq")
-def test_dramatiq_reliable_requeues_a_dead_workers_messages(small: Scenario) -> None:
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, stale_after=0.3, drain_timeout=10)
-    run = run_designs(sc, ["dramatiq:reliable"], Options()).runs[0]
+# Plain "celery" configured through [library.celery] exactly like celery:acks-late: it must then behave
+# like it (nothing lost), which only happens if the settings reached Celery.
+CELERY_AS_ACKS_LATE = {
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "worker_prefetch_multiplier": 1,
+    "broker_transport_options": {"visibility_timeout": 0.3, "unacked_restore_interval": 1,
+                                 "unacked_restore_throttle": 1},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("design", "library"),
+    [
+        pytest.param("dramatiq:reliable", {}, marks=installed("dramatiq"), id="dramatiq:reliable"),
+        pytest.param("celery:acks-late", {}, marks=installed("celery"), id="celery:acks-late"),
+        pytest.param(
+            "celery", {"celery": CELERY_AS_ACKS_LATE}, marks=installed("celery"), id="celery-with-library-settings"
+        ),
+    ],
+)
+def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenario, design: str, library: dict) -> None:
+    sc = dataclasses.replace(
+        small, job_ms=20, kills=3, interval=0.15, stale_after=0.3, drain_timeout=10, library=library
+    )
+    run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
     assert run.count_problems == []
     assert c.kills_mid_job == 3, run.kills
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
     assert all(k.recovered_after_ms is not None for k in run.kills)
-
-
-@celery_installed
-def test_celery_acks_late_redelivers_the_killed_tasks(small: Scenario) -> None:
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, stale_after=0.3, drain_timeout=10)
-    run = run_designs(sc, ["celery:acks-late"], Options()).runs[0]
-    c = run.counts
-    assert run.count_problems == []
-    assert c.kills_mid_job == 3, run.kills
-    assert (c.lost, c.stranded) == (0, 0)
-    assert c.done == c.enqueued
-    assert all(k.recovered_after_ms is not None for k in run.kills)
-
-
-@celery_installed
-def test_a_scenarios_library_settings_reach_the_library(small: Scenario) -> None:
-    # Plain "celery", configured through [library.celery] exactly like celery:acks-late: it must then
-    # behave like it (nothing lost), which only happens if the settings reached Celery.
-    settings = {
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        "broker_transport_options": {"visibility_timeout": 0.3, "unacked_restore_interval": 1,
-                                     "unacked_restore_throttle": 1},
-    }  # fmt: skip
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=10, library={"celery": settings})
-    run = run_designs(sc, ["celery"], Options()).runs[0]
-    assert run.count_problems == []
-    assert run.counts.kills_mid_job == 3, run.kills
-    assert (run.counts.lost, run.counts.stranded) == (0, 0)
-    assert run.counts.done == run.counts.enqueued
