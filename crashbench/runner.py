@@ -26,6 +26,7 @@ from crashbench import workdirs
 from crashbench.designs import Design, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted
 from crashbench.faults import PlannedKill, plan_kills
+from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Ledger
 from crashbench.results import DesignRun, ExpectationResult, KillRecord, Timings, WorkerExit
 from crashbench.scenario import Scenario
@@ -94,6 +95,7 @@ class CrashRun:
         clock: Clock = time.monotonic,
         index: int = 0,
         variant: str = "",
+        worker_python: WorkerPython | None = None,
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
@@ -110,12 +112,20 @@ class CrashRun:
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
+        self.window = scenario.drain_timeout or self.design.observe_window()
         self.ledger = Ledger(self.dir / "ledger")
         wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(design_spec), scenario.workload())
         parent = os.getpid()
+        self.worker_python = worker_python
+        spec_file = self.dir / "worker.json"
+        spec_file.write_text(wspec.to_json(design_spec))
 
         def prepare(name: str) -> Callable[[], int]:
             path = self.ledger.path_for(name)
+            if (wp := self.worker_python) is not None:
+                argv = wp.argv(str(spec_file), name, str(path), str(parent))
+                env = wp.env()
+                return lambda: os.execve(wp.python, argv, env)
             return lambda: run_worker(wspec, name, path, parent)
 
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
@@ -159,7 +169,7 @@ class CrashRun:
         faults_end = self.clock()
 
         self.phase = "draining"
-        drained = self._drain(faults_end + self.sc.drain_timeout)
+        drained = self._drain(faults_end + self.window)
         drained_at = self.clock()
 
         self.phase = "counting"
@@ -363,6 +373,7 @@ class CrashRun:
             ideal_s=round(self.sc.ideal_s, 4),
             drained=drained,
             drain_s=round(drained_at - faults_end, 4),
+            window_s=self.window,
             startup_ms_median=round(statistics.median(startups), 3) if startups else 0.0,
             startup_ms_max=round(max(startups), 3) if startups else 0.0,
             restart_ms_median=round(statistics.median(restarts), 3) if restarts else None,

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import secrets
+import shutil
 from collections.abc import Callable, Sequence
 
 import redis
@@ -15,12 +17,14 @@ import redis
 from crashbench import workdirs
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.interpreter import WorkerPython
 from crashbench.results import Result, environment, now_iso
 from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.server import cleanup_keys, open_server
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
+Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +34,7 @@ class Options:
     keep: bool = False
     progress: Callable[[Progress], None] | None = None
     stop: StopFlag | None = None
+    worker_python: str | None = None  # run workers under this interpreter (crashbench.interpreter)
 
 
 def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
@@ -61,15 +66,43 @@ def run_sweep(scenario: Scenario, design: str, param: str, values: str, options:
     return _run(scenario, runs, options, "sweep")
 
 
-def _run(base: Scenario, plan: list[tuple[Scenario, str, str]], options: Options, kind: str) -> Result:
+def _check_designs(plan: Plan, options: Options) -> list[str]:
+    """Usage errors before any server starts; returns the libraries the workers must import."""
+    libraries = []
     for _, spec, _ in plan:
-        cls = load_design(spec)  # an unknown design is a usage error before any server starts
+        cls = load_design(spec)
         if options.redis_url and not cls.namespaced:
             raise UsageError(
                 f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
                 hint="leave out --redis-url",
             )
+        if cls.library and cls.library not in libraries:
+            libraries.append(cls.library)
+            if not options.worker_python and importlib.util.find_spec(cls.library) is None:
+                raise UsageError(
+                    f"{spec} needs {cls.library}, which is not installed in crashbench's environment",
+                    hint=f"give --worker-python PATH, an interpreter that has {cls.library} and redis-py "
+                    f"(python -m venv ENV && ENV/bin/pip install {cls.library}; --worker-python ENV/bin/python)",
+                )
+    return libraries
+
+
+def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
+    libraries = _check_designs(plan, options)
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
+    with contextlib.ExitStack() as cleanup:
+        worker_python = None
+        if options.worker_python:
+            path_dir = workdirs.make("python")
+            cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
+            worker_python = WorkerPython(options.worker_python, path_dir)
+            worker_python.check(libraries)
+        return _run_on_server(base, plan, options, kind, worker_python)
+
+
+def _run_on_server(
+    base: Scenario, plan: Plan, options: Options, kind: str, worker_python: WorkerPython | None
+) -> Result:
     run_id = secrets.token_hex(4)
     with open_server(options.redis_url, options.server_binary) as server:
         runs = []
@@ -77,7 +110,7 @@ def _run(base: Scenario, plan: list[tuple[Scenario, str, str]], options: Options
             for index, (scenario, spec, variant) in enumerate(plan):
                 crash = CrashRun(
                     scenario, spec, server.url, run_id, progress=options.progress, stop=options.stop,
-                    keep_dir=options.keep, index=index, variant=variant,
+                    keep_dir=options.keep, index=index, variant=variant, worker_python=worker_python,
                 )  # fmt: skip
                 runs.append(crash.execute())
         except redis.ConnectionError as exc:

@@ -6,12 +6,18 @@ stop: the current job finishes, the design hands back anything else, the worker 
 also stops on its own when the runner is gone (its parent pid changes).
 
 A library adapter's worker (`serve_library`) runs the library's own loop instead.
+
+Under `--worker-python` the forked process execs `python -m crashbench.worker SPEC NAME LEDGER PARENT`
+(see crashbench.interpreter); `main` rebuilds the spec from its JSON file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +25,7 @@ from types import FrameType
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, Job, LibraryDesign
+from crashbench.designs import Design, DesignSettings, Job, LibraryDesign, load_design
 from crashbench.ledger import LedgerWriter
 from crashbench.workload import Workload
 
@@ -34,6 +40,31 @@ class WorkerSpec:
     settings: DesignSettings
     workload: Workload
     fetch_timeout: float = 0.1  # also bounds how late a worker notices a stop request
+
+    def to_json(self, design_spec: str) -> str:
+        """For a worker that is not a fork of the harness; `design_spec` is how load_design finds the class."""
+        return json.dumps(
+            {
+                "redis_url": self.redis_url,
+                "design": design_spec,
+                "prefix": self.prefix,
+                "settings": dataclasses.asdict(self.settings),
+                "workload": self.workload.to_json(),
+                "fetch_timeout": self.fetch_timeout,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        d = json.loads(text)
+        return cls(
+            d["redis_url"],
+            load_design(d["design"]),
+            d["prefix"],
+            DesignSettings(**d["settings"]),
+            Workload.from_json(d["workload"]),
+            d["fetch_timeout"],
+        )
 
 
 def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
@@ -101,3 +132,13 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) 
     ledger.close()
     client.close()
     return 0
+
+
+def main(argv: list[str]) -> int:
+    spec_file, name, ledger_path, parent_pid = argv
+    spec = WorkerSpec.from_json(Path(spec_file).read_text())
+    return run_worker(spec, name, Path(ledger_path), int(parent_pid))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

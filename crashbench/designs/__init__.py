@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     import redis
 
 
+OBSERVE_DEFAULT = 30.0  # seconds; the built-in designs recover within stale_after + recover_every
+OBSERVE_CAP = 300.0  # a library documenting an hour is still given at most this much unless asked
+OBSERVE_MARGIN = 10.0  # beyond a library's documented redelivery time: its sweep's period, scheduling
+
+
+def observe_for(documented_s: float) -> float:
+    """The default observation window for a library that documents redelivery after `documented_s`."""
+    return min(OBSERVE_CAP, documented_s + OBSERVE_MARGIN)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One unit of work. `id` is unique per run; `receipt` is whatever `ack` needs (design-private)."""
@@ -84,6 +94,9 @@ class Design(ABC):
     # True for LibraryDesign: the worker process runs the library's own worker loop (`serve`) instead
     # of fetch/ack; faults then go to the worker's process tree (a library may fork a child per job).
     own_worker: ClassVar[bool] = False
+    # The module a worker of this design imports besides crashbench and redis (a queue library), or "".
+    # It is checked before the run, in crashbench's environment or the --worker-python one.
+    library: ClassVar[str] = ""
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         self.r = client
@@ -98,6 +111,11 @@ class Design(ABC):
         kw = self.r.connection_pool.connection_kwargs
         auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
         return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+    def observe_window(self) -> float:
+        """Default seconds to keep watching after the last fault for the queue to give jobs back: long
+        enough for its documented recovery (a library's visibility or heartbeat timeout) to act."""
+        return max(OBSERVE_DEFAULT, 10 * self.settings.stale_after)
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Create what the queue needs before the first enqueue (consumer groups, ...)."""
@@ -169,6 +187,8 @@ BUILTIN: dict[str, str] = {
     "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
     "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
     "huey": "crashbench.designs.hueylib:HueyQueue",
+    "arq": "crashbench.designs.arqlib:ArqQueue",
+    "arq:reliable": "crashbench.designs.arqlib:ArqReliable",
 }
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {

@@ -25,6 +25,7 @@ from crashbench.task import handle
 class HueyQueue(LibraryDesign):
     name = "huey"
     summary = "huey, Redis storage, as installed: RPOP of the task, at-most-once like naive"
+    library = "huey"
     namespaced = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
