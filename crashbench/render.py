@@ -91,7 +91,13 @@ def result_table(result: Result) -> Group:
     for run in result.runs:
         name = f"{run.design} [{run.variant}]" if run.variant else run.design
         if not run.timings.drained:
-            parts.append(Text(f"{name}: drain timed out with jobs still held (see stranded)", style="yellow"))
+            parts.append(
+                Text(
+                    f"{name}: jobs still held {run.timings.window_s:g} s after the last fault (stranded;"
+                    " --drain-timeout waits longer)",
+                    style="yellow",
+                )
+            )
         for where, n in run.counts.stranded_at.items():
             parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
         for e in run.expectations:

@@ -57,6 +57,7 @@ class Timings:
     ideal_s: float  # the sum of all handler durations / workers
     drained: bool  # False: the drain timeout ran out with jobs still held
     drain_s: float  # last fault -> drained (or gave up)
+    window_s: float  # the observation window after the last fault (run.drain_timeout or the design's default)
     startup_ms_median: float  # worker spawn -> READY
     startup_ms_max: float
     restart_ms_median: float | None  # kill -> replacement READY

@@ -114,7 +114,9 @@ class Scenario:
     retry_jitter: float = 0.25
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     # run
-    drain_timeout: float = 30.0
+    # Observation window after the last fault, seconds; None: the design's own default
+    # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
+    drain_timeout: float | None = None
     designs: tuple[str, ...] = ()
     expect: dict[str, tuple[Expectation, ...]] = field(default_factory=dict)
     library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
@@ -204,7 +206,8 @@ class Scenario:
             p.append(f"queue.retry_factor must be a number >= 1, not {self.retry_factor!r}")
         _non_negative(p, "queue.retry_jitter", self.retry_jitter)
         _non_negative(p, "queue.heartbeat_every", self.heartbeat_every)
-        _positive(p, "run.drain_timeout", self.drain_timeout)
+        if self.drain_timeout is not None:
+            _positive(p, "run.drain_timeout", self.drain_timeout)
         return p
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 import redis
 
+from crashbench.designs import load_design
 from crashbench.errors import UsageError
 from crashbench.scenario import Scenario
 from crashbench.session import Options, run_designs
@@ -156,3 +157,27 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
     assert all(k.recovered_after_ms is not None for k in run.kills)
+
+
+@installed("rq")
+@installed("celery")
+@installed("dramatiq")
+def test_default_observation_window_follows_each_library_documented_timing(small: Scenario) -> None:
+    # No server needed: a window is computed from settings. stale_after is 0.3 s in `small`.
+    client = redis.Redis(host="127.0.0.1", port=1)
+    sc = dataclasses.replace(small, drain_timeout=None)
+    windows = {d: load_design(d)(client, "p:", sc.settings(d)).observe_window() for d in (
+        "reliable", "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable",
+        "arq", "arq:reliable",
+    )}  # fmt: skip
+    assert windows == {
+        "reliable": 30.0,  # the built-in designs recover within stale_after + recover_every
+        "rq": 300.0,  # 30 + 60 + 600 s documented: capped
+        "rq:reliable": 1 + 60 + 1 + 10,
+        "celery": 300.0,  # visibility_timeout 1 h: capped
+        "celery:acks-late": pytest.approx(0.3 + 1 + 10),
+        "dramatiq": 60 + 10 + 10,
+        "dramatiq:reliable": pytest.approx(0.3 + 10 + 10),
+        "arq": 300.0,  # job_timeout 300 + 10 s: capped
+        "arq:reliable": pytest.approx(0.3 + 10 + 0.5 + 10),
+    }

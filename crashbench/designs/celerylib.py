@@ -28,7 +28,7 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
 from crashbench.task import handle
 
 QUEUE = "jobs"
@@ -38,6 +38,7 @@ TASK = "crashbench.handle"
 class CeleryQueue(LibraryDesign):
     name = "celery"
     summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
+    library = "celery"
     acks_late: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -66,6 +67,12 @@ class CeleryQueue(LibraryDesign):
         transport.update(options.pop("broker_transport_options", {}))
         transport["global_keyprefix"] = self.prefix  # crashbench's namespace always wins
         return {**config, **options}
+
+    def observe_window(self) -> float:
+        # kombu's Redis transport restores unacked messages older than the visibility timeout (1 h by
+        # default) in a sweep every unacked_restore_interval.
+        transport = self.app.conf.broker_transport_options
+        return observe_for(transport.get("visibility_timeout", 3600) + transport.get("unacked_restore_interval", 10))
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         with self.app.producer_or_acquire() as producer:

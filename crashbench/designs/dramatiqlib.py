@@ -30,7 +30,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
+from crashbench.designs import OBSERVE_MARGIN, DesignSettings, Job, LibraryDesign, QueueState, observe_for
 from crashbench.task import handle
 
 QUEUE = "jobs"
@@ -39,6 +39,7 @@ QUEUE = "jobs"
 class DramatiqQueue(LibraryDesign):
     name = "dramatiq"
     summary = "Dramatiq 2.x, Redis broker, as installed: ack after the actor, dead workers found after 60 s"
+    library = "dramatiq"
     reliable: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -52,6 +53,11 @@ class DramatiqQueue(LibraryDesign):
         self.actor = dramatiq.Actor(
             handle, broker=self.broker, actor_name="crashbench_handle", queue_name=QUEUE, priority=0, options={}
         )
+
+    def observe_window(self) -> float:
+        # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in a
+        # maintenance pass that runs on a fraction of fetches: allow twice the margin for it.
+        return observe_for(self.broker.heartbeat_timeout / 1000 + OBSERVE_MARGIN)
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         for job in jobs:

@@ -29,12 +29,13 @@ import redis
 from rq import Queue, Retry, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
 
 
 class RQQueue(LibraryDesign):
     name = "rq"
     summary = "RQ 2.x as installed: work horse per job, no retries, abandoned jobs found after minutes"
+    library = "rq"
     namespaced = False
     retries: ClassVar[bool] = False
     maintenance_interval: ClassVar[int] = 600  # RQ's defaults
@@ -58,6 +59,12 @@ class RQQueue(LibraryDesign):
     def _option(self, name: str, default: Any) -> Any:
         """The scenario's [library.<design>] value (RQ Worker arguments, retry_max, job_timeout)."""
         return self.settings.options.get(name, default)
+
+    def observe_window(self) -> float:
+        # The execution heartbeat expires job_monitoring_interval + 60 s after the kill; the next
+        # maintenance pass (every maintenance_interval) then finds the job.
+        heartbeat = self._option("job_monitoring_interval", self.job_monitoring_interval) + 60
+        return observe_for(heartbeat + self._option("maintenance_interval", self.maintenance_interval))
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         retries = self._option("retry_max", self.settings.max_attempts - 1 if self.retries else 0)
