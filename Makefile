@@ -3,6 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# arq pins redis-py < 6: its workers run under their own interpreter (--worker-python), in this venv.
+ARQ_PY := $(VENV)/arq/bin/python
+ARQ_STAMP := $(VENV)/arq/.installed
 
 .PHONY: compare test lint bench clean
 
@@ -12,11 +15,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(ARQ_STAMP): | $(STAMP)
+	$(PY) -m venv $(VENV)/arq
+	$(ARQ_PY) -m pip install -q 'arq>=0.26,<0.29'
+	touch $(ARQ_STAMP)
+
 compare: $(STAMP)  ## crashbench compare on the default scenario, embedded server
 	$(BIN)/crashbench compare
 
-test: $(STAMP)  ## the test suite (starts its own servers)
-	$(BIN)/python -m pytest -q
+test: $(STAMP) $(ARQ_STAMP)  ## the test suite (starts its own servers)
+	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

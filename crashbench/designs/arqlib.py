@@ -1,0 +1,154 @@
+"""arq and arq:reliable: the arq library (0.26+, asyncio) with its own Worker, as a user runs it.
+
+arq pins redis-py < 6, so it usually cannot share crashbench's environment: its workers then run
+under `--worker-python PATH`, an interpreter that has arq. This module must import without arq for
+that reason: the harness side (enqueue, backlog, state) speaks arq's key layout and job format with
+plain redis-py, and only `serve`, in the worker, imports arq.
+
+Keys: arq's own layout, outside crashbench's namespace (so these designs refuse --redis-url); each
+arq job id is the run prefix P followed by crashbench's job id (A):
+    P queue                 sorted set of arq job ids by due time; a job stays in it until it ends
+    arq:job:A               the job: pickle of {t: try, f: function, a: args, k: kwargs, et: enqueued ms}
+    arq:in-progress:A       set, with a TTL of job_timeout + 10 s, by the worker that starts the job
+    arq:retry:A             how many times the job was started
+    arq:result:A            pickle of the outcome, success or not, kept keep_result seconds
+
+A worker polls the queue every poll_delay and starts a due job unless its in-progress key exists.
+Nothing acknowledges a job before it ends, so a job whose worker was killed stays in the queue; once
+its in-progress key expires (job_timeout + 10 s after the start; job_timeout is 300 s by default)
+the next worker's poll starts it again. A job started more than max_tries times (5) is failed with
+"max retries exceeded". A handler that raises fails the job (arq retries only on its `Retry`).
+
+    arq            as installed: job_timeout 300 s (a killed job runs again after 310 s)
+    arq:reliable   job_timeout = queue.stale_after, max_tries = queue.max_attempts (a killed job
+                   runs again after stale_after + 10 s, the 10 s fixed by arq)
+
+Both run max_jobs = 1 per worker process (arq's default is 10 concurrent jobs), so N workers mean N
+jobs at a time as for every other design; [library."arq"] overrides any Worker argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import redis
+
+from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.task import handle
+
+FUNCTION = "crashbench_handle"
+EXPIRES_MS = 86_400_000  # arq's expires_extra_ms: a job not started within a day is dropped
+ARQ_FIXED_EXTRA_S = 10  # arq keeps the in-progress key job_timeout + 10 s
+
+
+class _Opaque:
+    """Stands in for a class the harness cannot import (an exception defined by arq)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _Unpickler(pickle.Unpickler):
+    """arq's results pickle the exception a job ended with; the harness may not have arq installed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            return _Opaque
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    return _Unpickler(io.BytesIO(raw)).load()
+
+
+async def crashbench_handle(ctx: dict[str, Any], job_id: str) -> None:
+    # The handler is synchronous (it sleeps); a thread keeps arq's event loop and job timeout alive.
+    await asyncio.to_thread(handle, job_id, ctx["job_try"])
+
+
+class ArqQueue(LibraryDesign):
+    name = "arq"
+    summary = "arq as installed: a killed job runs again once its in-progress key expires, 310 s later"
+    library = "arq"
+    namespaced = False
+    reliable: ClassVar[bool] = False
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        self.queue = self.key("queue")
+        pool = client.connection_pool
+        kwargs = {**pool.connection_kwargs, "decode_responses": False}  # arq stores pickled data
+        self.raw = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+    def worker_options(self) -> dict[str, Any]:
+        """arq Worker arguments: ours, then the scenario's [library.<design>] table."""
+        options: dict[str, Any] = {"max_jobs": 1}
+        if self.reliable:
+            options.update(job_timeout=self.settings.stale_after, max_tries=self.settings.max_attempts)
+        return {**options, **self.settings.options}
+
+    def observe_window(self) -> float:
+        options = self.worker_options()
+        return observe_for(options.get("job_timeout", 300) + ARQ_FIXED_EXTRA_S + options.get("poll_delay", 0.5))
+
+    def _arq_id(self, job_id: str) -> str:
+        return self.prefix + job_id
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        # What arq's ArqRedis.enqueue_job writes (arq.jobs.serialize_job), without importing arq.
+        now_ms = int(time.time() * 1000)
+        pipe = self.raw.pipeline(transaction=False)
+        for job in jobs:
+            data = {"t": None, "f": FUNCTION, "a": (job.id,), "k": {}, "et": now_ms}
+            pipe.psetex(f"arq:job:{self._arq_id(job.id)}", EXPIRES_MS, pickle.dumps(data))
+            pipe.zadd(self.queue, {self._arq_id(job.id): now_ms})
+        pipe.execute()
+
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        from arq.connections import RedisSettings
+        from arq.worker import Worker, func
+
+        async def startup(ctx: dict[str, Any]) -> None:
+            ready()
+
+        Worker(
+            functions=[func(crashbench_handle, name=FUNCTION)],
+            queue_name=self.queue,
+            redis_settings=RedisSettings.from_dsn(self.url()),
+            on_startup=startup,
+            **self.worker_options(),
+        ).run()
+
+    def backlog(self) -> int:
+        return int(self.raw.zcard(self.queue))
+
+    def _job_id(self, arq_id: bytes | str) -> str:
+        text = arq_id.decode() if isinstance(arq_id, bytes) else arq_id
+        return text.removeprefix(self.prefix)
+
+    def state(self) -> QueueState:
+        held: dict[str, str] = {}
+        for arq_id in self.raw.zrange(self.queue, 0, -1):
+            running = self.raw.exists(b"arq:in-progress:" + arq_id)
+            held[self._job_id(arq_id)] = "in-progress" if running else "queue"
+        failed = set()
+        for key in self.raw.scan_iter(match=f"arq:result:{self.prefix}*".encode(), count=1000):
+            raw = self.raw.get(key)
+            if raw is not None and not _load(raw).get("s", True):
+                failed.add(self._job_id(key.removeprefix(b"arq:result:")))
+        return QueueState(held=held, failed=failed)
+
+
+class ArqReliable(ArqQueue):
+    name = "arq:reliable"
+    summary = "arq with job_timeout = stale_after and max_tries = max_attempts: killed jobs run again 10 s later"
+    reliable = True

@@ -1,0 +1,76 @@
+"""Workers under another interpreter (--worker-python), and arq, which needs one (real server, real SIGKILL)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from crashbench.errors import UsageError
+from crashbench.scenario import Scenario
+from crashbench.session import Options, run_designs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def arq_python() -> str:
+    """The interpreter with arq that `make test` creates (.venv/arq); the arq tests need it."""
+    path = os.environ.get("CRASHBENCH_ARQ_PYTHON") or str(ROOT / ".venv" / "arq" / "bin" / "python")
+    if not Path(path).exists():
+        pytest.skip(f"no interpreter with arq at {path} (make test creates it)")
+    return path
+
+
+def test_built_in_design_under_another_interpreter_loses_nothing_to_kills(small: Scenario) -> None:
+    # Each worker execs a fresh interpreter: still a real process of ours, killed mid-job for real.
+    sc = dataclasses.replace(small, jobs=300, kills=3, interval=0.3)
+    run = run_designs(sc, ["reliable"], Options(worker_python=sys.executable)).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.kills == 3 and c.kills_mid_job >= 1
+    assert (c.lost, c.stranded) == (0, 0)
+    assert c.done == c.enqueued == 300
+    # A cold interpreter, not a fork: its start-up shows it.
+    assert run.timings.startup_ms_median > 10
+
+
+def test_an_interpreter_that_cannot_run_a_worker_is_a_usage_error(small: Scenario, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot run"):
+        run_designs(small, ["reliable"], Options(worker_python=str(tmp_path / "no-python")))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("arq") is not None, reason="arq is installed here")
+def test_arq_without_an_interpreter_that_has_it_names_the_option(small: Scenario) -> None:
+    with pytest.raises(UsageError) as err:
+        run_designs(small, ["arq"], Options())
+    assert "--worker-python" in (err.value.hint or "")
+
+
+@pytest.mark.parametrize("design", ["arq", "arq:reliable"])
+def test_arq_without_kills_runs_every_job_exactly_once(small: Scenario, design: str) -> None:
+    sc = dataclasses.replace(small, jobs=60, kills=0, library={design: {"poll_delay": 0.02}})
+    run = run_designs(sc, [design], Options(worker_python=arq_python())).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.done == c.enqueued == c.executions == 60
+    assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
+
+
+def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(small: Scenario) -> None:
+    # arq keeps a started job's in-progress key job_timeout + 10 s (stale_after 0.3 s here); only then
+    # does a worker start the job again. Nothing is lost; the recovery time shows arq's fixed 10 s.
+    sc = dataclasses.replace(
+        small, jobs=150, job_ms=20, kills=1, interval=0.3, library={"arq:reliable": {"poll_delay": 0.02}}
+    )
+    run = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python())).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.kills_mid_job == 1, run.kills
+    assert (c.lost, c.stranded, c.failed, c.duplicated) == (0, 0, 0, 0)
+    assert c.done == c.enqueued == 150
+    recovered = run.kills[0].recovered_after_ms
+    assert recovered is not None and 10_000 <= recovered < 10_000 + 5_000
