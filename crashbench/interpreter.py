@@ -13,6 +13,7 @@ environment's (its redis-py stays its own). It needs redis-py, and whatever the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -38,9 +39,17 @@ class WorkerPython:
     def argv(self, *args: str) -> list[str]:
         return [self.python, "-m", "crashbench.worker", *args]
 
-    def check(self, modules: list[str]) -> None:
-        """Fail now, with the interpreter's own message, if it cannot run a worker of these designs."""
-        code = "; ".join(f"import {m}" for m in ["redis", "crashbench.worker", *modules])
+    def check(self, modules: list[str]) -> dict[str, str]:
+        """Fail now, with the interpreter's own message, if it cannot run a worker of these designs;
+        else return its versions of Python, redis-py and the libraries, for the result."""
+        wanted = ["redis", *modules]
+        code = "; ".join(
+            [
+                "import json, sys, importlib.metadata as md",
+                *(f"import {m}" for m in ["crashbench.worker", *wanted]),
+                f"print(json.dumps({{'python': sys.version.split()[0], **{{m: md.version(m) for m in {wanted!r}}}}}))",
+            ]
+        )
         try:
             done = subprocess.run(
                 [self.python, "-c", code], env=self.env(), capture_output=True, text=True, timeout=CHECK_TIMEOUT
@@ -51,5 +60,9 @@ class WorkerPython:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise UsageError(
                 f"--worker-python {self.python} cannot run a crashbench worker: {last}",
-                hint=f"install what it lacks into that environment (needs: {', '.join(['redis', *modules])})",
+                hint=f"install what it lacks into that environment (needs: {', '.join(wanted)})",
             )
+        try:
+            return {str(k): str(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+        except (ValueError, IndexError, AttributeError):
+            return {}

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable, Sequence
+
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from crashbench.results import DesignRun, Result
+from crashbench.results import DesignRun, Result, ThresholdResult
 from crashbench.runner import Progress
+from crashbench.thresholds import group
+from crashbench.thresholds import label as label_of
 
 # (label, count field) in display order; outcome classes first, then events.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -37,59 +43,84 @@ OPTIONAL = {
 }  # fmt: skip
 
 
-def _ms3(values: tuple[float | None, ...]) -> str:
-    if all(v is None for v in values):
+def _num(v: float) -> str:
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+
+
+def spread(values: Sequence[float | None], fmt: Callable[[float], str] = _num) -> str:
+    """One run: its value. Repeats: the median, and (min-max) when they differ."""
+    present = [v for v in values if v is not None]
+    if not present:
         return "-"
-    return " / ".join("-" if v is None else f"{v:.0f}" for v in values) + " ms"
+    med = statistics.median(present)
+    lo, hi = min(present), max(present)
+    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}-{fmt(hi)})"
 
 
-def _failed_counts(run: DesignRun) -> set[str]:
-    return {e.expectation.split(" ")[0] for e in run.expectations if not e.met}
+def _failed_metrics(result: Result, name: str) -> set[str]:
+    return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
 
 
-def result_table(result: Result) -> Group:
+def threshold_line(t: ThresholdResult) -> Text:
+    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
+    got = "-" if t.actual is None else f"{_num(t.actual)}{unit}"
+    detail = f"got {got}"
+    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(_num(t.expected))):
+        detail += f", bound {_num(t.expected)}{unit}"
+    if t.baseline is not None:
+        detail += f", baseline {_num(t.baseline)}{unit}"
+    if t.note:
+        detail += f"; {t.note}"
+    mark, style = {"pass": ("✓", "green"), "fail": ("✗", "red"), "inconclusive": ("?", "yellow")}[t.status]
+    return Text(f"{mark} {t.design}: {t.threshold} ({detail})", style=style)
+
+
+def result_table(result: Result, plain: bool = False) -> Group:
+    """The counts per design (median and range over repeats), then notes and threshold lines. `plain`:
+    an ASCII table for CI logs."""
     sc = result.scenario
+    groups = group(result.runs)
     design = f"{result.runs[0].design}: " if result.kind == "sweep" and result.runs else ""
+    repeats = f", {result.repeat} repeats (median, min-max)" if result.repeat > 1 else ""
     title = design + (
         f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
-        f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}"
+        f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}{repeats}"
     )
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", box=box.ASCII if plain else box.HEAVY_HEAD)
     table.add_column("", style="bold")
-    for run in result.runs:
-        table.add_column(run.variant or run.design, justify="right")
-    failed = [_failed_counts(run) for run in result.runs]
+    for name in groups:
+        table.add_column(name, justify="right")
+    failed = {name: _failed_metrics(result, name) for name in groups}
     for label, key in ROWS:
         if key in OPTIONAL and not any(getattr(run.counts, key) for run in result.runs):
             continue
         cells = []
-        for run, bad in zip(result.runs, failed, strict=True):
-            value = getattr(run.counts, key)
-            style = "red" if key in bad else ("yellow" if value and key in ALARM else "")
-            cells.append(Text(f"{value}{' ✗' if key in bad else ''}", style=style))
+        for name, runs in groups.items():
+            values = [getattr(r.counts, key) for r in runs]
+            bad = key in failed[name]
+            style = "red" if bad else ("yellow" if any(values) and key in ALARM else "")
+            cells.append(Text(f"{spread(values)}{' ✗' if bad else ''}", style=style))
         table.add_row(label, *cells)
     table.add_section()
-    table.add_row("kills (mid-job)", *[f"{r.counts.kills} ({r.counts.kills_mid_job})" for r in result.runs])
-    table.add_row(
-        "wall time (x ideal)", *[f"{r.timings.wall_s:.2f} s ({r.timings.ratio_to_ideal:.2f}x)" for r in result.runs]
-    )
-    table.add_row("jobs/s", *[f"{r.timings.jobs_per_s:.0f}" for r in result.runs])
-    table.add_row("worker start (median)", *[f"{r.timings.startup_ms_median:.1f} ms" for r in result.runs])
-    table.add_row(
-        "restart (median)",
-        *[
-            f"{r.timings.restart_ms_median:.1f} ms" if r.timings.restart_ms_median is not None else "-"
-            for r in result.runs
-        ],
-    )
-    if any(r.timings.recovery_ms_max is not None for r in result.runs):
-        latencies = [
-            (r.timings.recovery_ms_p50, r.timings.recovery_ms_p95, r.timings.recovery_ms_max) for r in result.runs
-        ]
-        table.add_row("recovery p50 / p95 / max", *[_ms3(c) for c in latencies])
+    rows: list[tuple[str, Callable[[DesignRun], float | None], Callable[[float], str]]] = [
+        ("kills", lambda r: r.counts.kills, _num),
+        ("  mid-job", lambda r: r.counts.kills_mid_job, _num),
+        ("wall time", lambda r: r.timings.wall_s, lambda v: f"{v:.2f} s"),
+        ("  x ideal", lambda r: r.timings.ratio_to_ideal, lambda v: f"{v:.2f}x"),
+        ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),
+        ("worker start (median)", lambda r: r.timings.startup_ms_median, lambda v: f"{v:.1f} ms"),
+        ("restart (median)", lambda r: r.timings.restart_ms_median, lambda v: f"{v:.1f} ms"),
+        ("recovery p50", lambda r: r.timings.recovery_ms_p50, lambda v: f"{v:.0f} ms"),
+        ("recovery p95", lambda r: r.timings.recovery_ms_p95, lambda v: f"{v:.0f} ms"),
+        ("recovery max", lambda r: r.timings.recovery_ms_max, lambda v: f"{v:.0f} ms"),
+    ]
+    for label, get, fmt in rows:
+        if label.startswith("recovery") and all(get(r) is None for r in result.runs):
+            continue
+        table.add_row(label, *[spread([get(r) for r in runs], fmt) for runs in groups.values()])
     parts: list[Table | Text] = [table]
     for run in result.runs:
-        name = f"{run.design} [{run.variant}]" if run.variant else run.design
+        name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
         if not run.timings.drained:
             parts.append(
                 Text(
@@ -100,15 +131,13 @@ def result_table(result: Result) -> Group:
             )
         for where, n in run.counts.stranded_at.items():
             parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
-        for e in run.expectations:
-            mark, style = ("✓", "green") if e.met else ("✗", "red")
-            parts.append(Text(f"{mark} {name}: {e.expectation} (got {e.actual})", style=style))
         for w in run.worker_exits:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
         if run.workdir:
             parts.append(Text(f"{name}: ledgers and worker logs kept in {run.workdir}", style="dim"))
         for p in run.count_problems:
             parts.append(Text(f"! {name}: counts do not add up: {p}", style="bold red"))
+    parts.extend(threshold_line(t) for t in result.thresholds)
     return Group(*parts)
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import sys
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -15,10 +18,11 @@ from typing import Any
 
 from crashbench import __version__
 from crashbench.counts import Counts
+from crashbench.faults import PlannedKill
 from crashbench.server import ServerInfo
 
 SCHEMA = "crashbench.result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: repeats, thresholds, result ids, the fault schedule and the machine
 
 
 @dataclass(slots=True)
@@ -71,11 +75,21 @@ class Timings:
 
 
 @dataclass(slots=True)
-class ExpectationResult:
-    expectation: str
-    actual: int
-    expected: int
-    met: bool
+class ThresholdResult:
+    design: str  # the design (or sweep value) it was evaluated on
+    threshold: str  # as written, without the design: "lost == 0", "recovery_p95 < 2000"
+    source: str  # "scenario" or "command line"
+    status: str  # "pass" | "fail" | "inconclusive"
+    actual: float | None  # the value checked (the failing or the worst run's; a statistic over repeats)
+    expected: float | None  # the bound it was checked against (resolved: a count, a baseline-relative value)
+    unit: str = ""
+    baseline: float | None = None  # the baseline's value, for a relative threshold
+    values: list[float | None] = field(default_factory=list)  # the metric in each run (repeat)
+    note: str = ""
+
+    @property
+    def met(self) -> bool:
+        return self.status == "pass"
 
 
 @dataclass(slots=True)
@@ -87,7 +101,8 @@ class DesignRun:
     counts: Counts
     timings: Timings
     kills: list[KillRecord]
-    expectations: list[ExpectationResult] = field(default_factory=list)
+    repeat: int = 0  # which repeat of the scenario this run is (0-based); its seed is the scenario's + repeat
+    schedule: list[PlannedKill] = field(default_factory=list)  # the fault schedule the seed gave
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
     jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered / failed -> ids (100)
@@ -96,7 +111,7 @@ class DesignRun:
 
     @property
     def ok(self) -> bool:
-        return all(e.met for e in self.expectations) and not self.count_problems
+        return not self.count_problems
 
 
 @dataclass(slots=True)
@@ -105,49 +120,113 @@ class Environment:
     python: str
     redis_py: str
     platform: str
+    machine: str  # host name
+    cpus: int
     server_name: str
     server_version: str
     server_binary: str | None
     server_mode: str
     commit: str | None
     dirty: bool | None
+    libraries: dict[str, str] = field(default_factory=dict)  # queue library -> version, where workers import it
+    worker_python: str | None = None  # --worker-python, whose versions `libraries` then gives (and "python")
 
 
 @dataclass(slots=True)
 class Result:
-    kind: str  # "run" | "compare"
+    id: str  # "<date>-<time>-<run id>": the start of its file name in a results directory
+    kind: str  # "run" | "compare" | "sweep" | "check"
     created: str
     scenario: dict[str, Any]
-    runs: list[DesignRun]
+    fingerprint: str  # of the scenario, without its name and seed: results of the same experiment share it
+    runs: list[DesignRun]  # every run, repeats included, in the order they ran
     environment: Environment
+    repeat: int = 1
+    thresholds: list[ThresholdResult] = field(default_factory=list)
+    baseline: str | None = None  # the id of the result relative thresholds were checked against
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def count_problems(self) -> list[str]:
+        return [p for r in self.runs for p in r.count_problems]
+
+    @property
+    def status(self) -> str:
+        """fail: a threshold was violated; inconclusive: a threshold could not be evaluated, a run did
+        not drain within its window, or the counts do not add up; else pass."""
+        if any(t.status == "fail" for t in self.thresholds):
+            return "fail"
+        if self.count_problems or any(t.status == "inconclusive" for t in self.thresholds):
+            return "inconclusive"
+        if self.thresholds and not all(r.timings.drained for r in self.runs):
+            return "inconclusive"
+        return "pass"
+
+    @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.runs)
+        return self.status == "pass"
+
+    @property
+    def designs(self) -> list[str]:
+        return list(dict.fromkeys(r.variant or r.design for r in self.runs))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         for run, raw in zip(self.runs, data["runs"], strict=True):
             raw["timings"]["ratio_to_ideal"] = round(run.timings.ratio_to_ideal, 4)
-            raw["ok"] = run.ok
-        data["ok"] = self.ok
+        data["status"] = self.status
         # schema first: a reader should know what it holds before anything else
         return {"schema": data.pop("schema"), "schema_version": data.pop("schema_version"), **data}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
+    def file_name(self) -> str:
+        names = "-".join(dict.fromkeys(r.design.replace(":", "_").replace(".", "_") for r in self.runs))[:60]
+        return f"{self.id}-{self.kind}-{self.scenario['name']}-{names}.json"
+
     def write(self, out: Path) -> Path:
-        """Write to `out` (a .json file, or a directory to put a timestamped file in)."""
+        """Write to `out` (a .json file, or a directory to put it in under its own name)."""
         if out.suffix != ".json":
-            names = "-".join(r.design.replace(":", "_").replace(".", "_") for r in self.runs)[:60]
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
-            out = out / f"{stamp}-{self.kind}-{self.scenario['name']}-{names}.json"
+            out = out / self.file_name()
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(self.to_json() + "\n")
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        if data.get("schema") != SCHEMA:
+            raise ValueError("not a crashbench result")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema version {data.get('schema_version')}; this crashbench reads {SCHEMA_VERSION}")
+        return _build(cls, data)
+
+
+def new_id(run_id: str) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + run_id
+
+
+def _build(tp: Any, data: Any) -> Any:
+    """A typed value from its JSON form, following the dataclasses' annotations (fields added by
+    `to_dict`, like `status`, are ignored)."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp) if f.init}
+        return tp(**{k: _build(hints[k], v) for k, v in data.items() if k in names})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if data is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], data) if len(inner) == 1 else data
+    if origin is list:
+        return [_build(args[0], v) for v in data]
+    if origin is dict:
+        return {k: _build(args[1], v) for k, v in data.items()}
+    if tp is float and isinstance(data, int):
+        return float(data)
+    return data
 
 
 def _git(*args: str) -> str | None:
@@ -160,7 +239,7 @@ def _git(*args: str) -> str | None:
     return cp.stdout.strip() if cp.returncode == 0 else None
 
 
-def environment(server: ServerInfo) -> Environment:
+def environment(server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None) -> Environment:
     """Versions of everything that shaped the figures; the commit is crashbench's own checkout, if any."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
@@ -169,12 +248,16 @@ def environment(server: ServerInfo) -> Environment:
         python=platform.python_version(),
         redis_py=metadata.version("redis"),
         platform=f"{platform.system()} {platform.release()} {platform.machine()} ({sys.platform})",
+        machine=platform.node(),
+        cpus=os.cpu_count() or 1,
         server_name=server.name,
         server_version=server.version,
         server_binary=server.binary,
         server_mode=server.mode,
         commit=commit,
         dirty=bool(status) if status is not None else None,
+        libraries=libraries,
+        worker_python=worker_python,
     )
 
 

@@ -28,7 +28,7 @@ from crashbench.errors import Interrupted, RunAborted
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Ledger
-from crashbench.results import DesignRun, ExpectationResult, KillRecord, Timings, WorkerExit
+from crashbench.results import DesignRun, KillRecord, Timings, WorkerExit
 from crashbench.scenario import Scenario
 from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import WorkerSpec, run_worker
@@ -96,12 +96,14 @@ class CrashRun:
         index: int = 0,
         variant: str = "",
         worker_python: WorkerPython | None = None,
+        repeat: int = 0,
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
         self.design_cls: type[Design] = load_design(design_spec)
         self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
         self.variant = variant
+        self.repeat = repeat
         self.url = redis_url
         self.progress = progress
         self.stop = stop or StopFlag()
@@ -169,7 +171,7 @@ class CrashRun:
         faults_end = self.clock()
 
         self.phase = "draining"
-        drained = self._drain(faults_end + self.window)
+        drained = self._drain(faults_end)
         drained_at = self.clock()
 
         self.phase = "counting"
@@ -320,11 +322,19 @@ class CrashRun:
             replacement=replacement.name if replacement else None,
         )
 
-    def _drain(self, deadline: float) -> bool:
+    def _drain(self, faults_end: float) -> bool:
+        """Wait until the backlog is 0 and no worker is inside a handler. Give up once no handler has
+        started for `window` seconds (the queue is stuck, or waits on a recovery timeout longer than
+        the window): a slow queue that still makes progress is not cut off, a stuck one is not waited
+        on forever. At most 10 windows after the last fault, whatever happens."""
         next_check = 0.0
-        while self.clock() < deadline:
+        deadline, hard = faults_end + self.window, faults_end + 10 * self.window
+        started = len(self.ledger.executions)
+        while (now := self.clock()) < min(deadline, hard):
             self._tick()
-            now = self.clock()
+            if len(self.ledger.executions) != started:
+                started = len(self.ledger.executions)
+                deadline = now + self.window
             if now >= next_check:
                 next_check = now + 0.02
                 busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
@@ -381,11 +391,6 @@ class CrashRun:
             recovery_ms_p95=percentile(recoveries, 0.95),
             recovery_ms_max=recoveries[-1] if recoveries else None,
         )
-        numbers = c.as_numbers()
-        expectations = []
-        for e in self.sc.expect.get(self.spec, ()):
-            met, actual, expected = e.evaluate(numbers)
-            expectations.append(ExpectationResult(str(e), actual, expected, met))
         return DesignRun(
             design=self.spec,
             variant=self.variant,
@@ -394,7 +399,8 @@ class CrashRun:
             counts=c,
             timings=timings,
             kills=self.kills,
-            expectations=expectations,
+            repeat=self.repeat,
+            schedule=plan_kills(self.sc),
             worker_exits=self.exits,
             duplicates=dict(sorted((j, n) for j, n in self.ledger.completed.items() if n > 1)[:JOB_SAMPLE]),
             workdir=str(self.dir) if self.keep_dir else None,

@@ -6,7 +6,7 @@
     [faults]    kills, interval, signal, kill_when, seed, pause
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every
     [run]       drain_timeout, designs
-    [expect.<design>]  <count> = <int> | "<op> <int or count name>"   (op: == != <= >= < >)
+    [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
 
 Every field has a default (the lesson's crash test), so a scenario names only what differs.
@@ -16,16 +16,18 @@ Validation reports every problem at once.
 from __future__ import annotations
 
 import dataclasses
-import re
+import hashlib
+import json
 import signal
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crashbench.counts import Counts
+from crashbench import thresholds
 from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
+from crashbench.thresholds import Threshold
 from crashbench.workload import DISTRIBUTIONS, Workload, job_ids
 
 KILL_WHEN = ("mid-job", "any")
@@ -38,8 +40,6 @@ FAULT_SIGNALS = (
     "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2",
 )  # fmt: skip
 
-# Names an expectation may compare, and refer to on its right-hand side: every count of a run.
-COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
@@ -55,32 +55,6 @@ SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
     if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target")
 )  # fmt: skip
-
-_EXPECT = re.compile(r"^\s*(==|!=|<=|>=|<|>)?\s*([A-Za-z_]\w*|-?\d+)\s*$")
-
-
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    count: str
-    op: str
-    rhs: str  # an integer literal or a count name
-
-    def evaluate(self, counts: dict[str, int]) -> tuple[bool, int, int]:
-        """(met, actual, expected)."""
-        actual = counts[self.count]
-        expected = counts[self.rhs] if self.rhs in counts else int(self.rhs)
-        met = {
-            "==": actual == expected,
-            "!=": actual != expected,
-            "<=": actual <= expected,
-            ">=": actual >= expected,
-            "<": actual < expected,
-            ">": actual > expected,
-        }[self.op]
-        return met, actual, expected
-
-    def __str__(self) -> str:
-        return f"{self.count} {self.op} {self.rhs}"
 
 
 @dataclass(frozen=True)
@@ -118,7 +92,7 @@ class Scenario:
     # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
     drain_timeout: float | None = None
     designs: tuple[str, ...] = ()
-    expect: dict[str, tuple[Expectation, ...]] = field(default_factory=dict)
+    expect: dict[str, tuple[Threshold, ...]] = field(default_factory=dict)  # design -> its thresholds
     library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
 
     def settings(self, design: str = "") -> DesignSettings:
@@ -213,8 +187,29 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["designs"] = list(self.designs)
-        data["expect"] = {d: [str(e) for e in exps] for d, exps in self.expect.items()}
+        data["expect"] = {d: [t.rule() for t in ts] for d, ts in self.expect.items()}
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        """The scenario a result recorded (`to_dict`), to replay one of its runs."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["designs"] = tuple(values.get("designs", ()))
+        values["expect"] = {
+            d: tuple(thresholds.parse(rule, design=d, source="scenario") for rule in rules)
+            for d, rules in values.get("expect", {}).items()
+        }
+        return cls(**values)
+
+    def fingerprint(self) -> str:
+        """Identifies what was run, so results of the same scenario can be found and compared; the
+        name, description, source and seed do not change what is measured, so they are left out."""
+        data = self.to_dict()
+        for key in ("name", "description", "source", "seed"):
+            data.pop(key)
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+        return digest[:12]
 
 
 def _signal_name(value: str) -> str:
@@ -244,21 +239,6 @@ def _non_negative(p: list[str], name: str, v: Any) -> None:
 def _positive_int(p: list[str], name: str, v: Any) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         p.append(f"{name} must be a whole number > 0, not {v!r}")
-
-
-def parse_expectation(count: str, value: Any) -> Expectation | str:
-    """An Expectation, or the problem with it as a message."""
-    if count not in COUNT_NAMES:
-        return f"unknown count {count!r} (known: {', '.join(COUNT_NAMES)})"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return Expectation(count, "==", str(value))
-    m = _EXPECT.match(value) if isinstance(value, str) else None
-    if not m:
-        return f'{count} = {value!r}: write an integer or a string like "<= 2" or "== kills_mid_job"'
-    op, rhs = m.group(1) or "==", m.group(2)
-    if not rhs.lstrip("-").isdigit() and rhs not in COUNT_NAMES:
-        return f"{count} = {value!r}: {rhs!r} is neither a number nor a count name"
-    return Expectation(count, op, rhs)
 
 
 def parse(data: dict[str, Any], source: str) -> Scenario:
@@ -308,22 +288,21 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
     return scenario
 
 
-def _parse_expect(value: Any, problems: list[str]) -> dict[str, tuple[Expectation, ...]]:
+def _parse_expect(value: Any, problems: list[str]) -> dict[str, tuple[Threshold, ...]]:
     if not isinstance(value, dict):
         problems.append("[expect] must hold one table per design, like [expect.reliable]")
         return {}
-    out: dict[str, tuple[Expectation, ...]] = {}
+    out: dict[str, tuple[Threshold, ...]] = {}
     for design, table in value.items():
         if not isinstance(table, dict):
-            problems.append(f"[expect.{design}] must be a table of count = expectation")
+            problems.append(f"[expect.{design}] must be a table of metric = threshold")
             continue
         parsed = []
-        for count, v in table.items():
-            e = parse_expectation(count, v)
-            if isinstance(e, str):
-                problems.append(f"[expect.{design}] {e}")
-            else:
-                parsed.append(e)
+        for metric, v in table.items():
+            try:
+                parsed.append(thresholds.parse_entry(design, metric, v, source="scenario"))
+            except thresholds.ThresholdSyntaxError as exc:
+                problems.append(f"[expect.{design}] {exc}")
         out[design] = tuple(parsed)
     return out
 

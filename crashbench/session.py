@@ -11,6 +11,7 @@ import importlib.util
 import secrets
 import shutil
 from collections.abc import Callable, Sequence
+from importlib import metadata
 
 import redis
 
@@ -18,10 +19,11 @@ from crashbench import workdirs
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.interpreter import WorkerPython
-from crashbench.results import Result, environment, now_iso
+from crashbench.results import Result, environment, new_id, now_iso
 from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.server import cleanup_keys, open_server
+from crashbench.thresholds import Threshold, check_all
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
@@ -35,6 +37,9 @@ class Options:
     progress: Callable[[Progress], None] | None = None
     stop: StopFlag | None = None
     worker_python: str | None = None  # run workers under this interpreter (crashbench.interpreter)
+    repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
+    thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
+    baseline: Result | None = None  # what relative thresholds compare with
 
 
 def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
@@ -64,6 +69,17 @@ def run_sweep(scenario: Scenario, design: str, param: str, values: str, options:
     """One design, once per value of one setting; every other setting (and the seed) unchanged."""
     runs = [(sc, design, f"{param}={getattr(sc, param):g}") for sc in sweep_values(scenario, param, values)]
     return _run(scenario, runs, options, "sweep")
+
+
+def replay_scenario(result: Result, index: int) -> Scenario:
+    """The exact scenario run `index` of a stored result ran with: its seed, and its sweep value."""
+    run = result.runs[index]
+    scenario = Scenario.from_dict(result.scenario)
+    overrides: dict[str, object] = {"seed": run.seed}
+    if run.variant:
+        name, _, raw = run.variant.partition("=")
+        overrides[name] = getattr(sweep_values(scenario, name, raw)[0], name)
+    return scenario.with_overrides(**overrides)
 
 
 def _check_designs(plan: Plan, options: Options) -> list[str]:
@@ -96,23 +112,32 @@ def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
             path_dir = workdirs.make("python")
             cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
             worker_python = WorkerPython(options.worker_python, path_dir)
-            worker_python.check(libraries)
-        return _run_on_server(base, plan, options, kind, worker_python)
+            versions = worker_python.check(libraries)
+        else:
+            versions = {lib: metadata.version(lib) for lib in libraries}
+        return _run_on_server(base, plan, options, kind, worker_python, versions)
 
 
 def _run_on_server(
-    base: Scenario, plan: Plan, options: Options, kind: str, worker_python: WorkerPython | None
+    base: Scenario,
+    plan: Plan,
+    options: Options,
+    kind: str,
+    worker_python: WorkerPython | None,
+    versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
     with open_server(options.redis_url, options.server_binary) as server:
         runs = []
         try:
-            for index, (scenario, spec, variant) in enumerate(plan):
-                crash = CrashRun(
-                    scenario, spec, server.url, run_id, progress=options.progress, stop=options.stop,
-                    keep_dir=options.keep, index=index, variant=variant, worker_python=worker_python,
-                )  # fmt: skip
-                runs.append(crash.execute())
+            for repeat in range(options.repeat):
+                for index, (scenario, spec, variant) in enumerate(plan):
+                    crash = CrashRun(
+                        scenario.with_overrides(seed=scenario.seed + repeat), spec, server.url, run_id,
+                        progress=options.progress, stop=options.stop, keep_dir=options.keep,
+                        index=repeat * len(plan) + index, variant=variant, worker_python=worker_python, repeat=repeat,
+                    )  # fmt: skip
+                    runs.append(crash.execute())
         except redis.ConnectionError as exc:
             raise ServerUnavailable(f"lost the server at {server.url}: {exc}") from None
         finally:
@@ -120,5 +145,21 @@ def _run_on_server(
                 # If the server is gone there is nothing left to clean on it.
                 with contextlib.suppress(redis.RedisError):
                     cleanup_keys(server.url, f"crashbench:{run_id}:")
-        env = environment(server)
-    return Result(kind=kind, created=now_iso(), scenario=base.to_dict(), runs=runs, environment=env)
+        env = environment(server, versions, options.worker_python)
+    return evaluate(
+        Result(
+            id=new_id(run_id), kind=kind, created=now_iso(), scenario=base.to_dict(), fingerprint=base.fingerprint(),
+            runs=runs, environment=env, repeat=options.repeat,
+        ),
+        options.thresholds,
+        options.baseline,
+    )  # fmt: skip
+
+
+def evaluate(result: Result, given: Sequence[Threshold], baseline: Result | None) -> Result:
+    """The result with its thresholds evaluated: the scenario's [expect.*] and `given`."""
+    declared = Scenario.from_dict(result.scenario).expect
+    baseline_runs = baseline.runs if baseline is not None else None
+    result.thresholds = check_all(result.runs, declared, given, baseline_runs)
+    result.baseline = baseline.id if baseline is not None else None
+    return result

@@ -43,7 +43,7 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
     assert cp.returncode == 0, cp.stderr
     data = json.loads(cp.stdout)
     assert data == json.loads(out.read_text())
-    assert (data["schema"], data["schema_version"]) == ("crashbench.result", 1)
+    assert (data["schema"], data["schema_version"]) == ("crashbench.result", 2)
     assert data["scenario"]["jobs"] == 600 and data["scenario"]["seed"] == 1
     run = data["runs"][0]
     assert run["counts"]["lost"] == run["counts"]["kills_mid_job"] == 2
@@ -51,7 +51,8 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
     assert {"at", "slot", "worker", "pid", "signal", "job", "replacement_ready_ms"} <= set(run["kills"][0])
     env = data["environment"]
     assert env["server_mode"] == "embedded" and env["server_version"] and env["redis_py"] and env["python"]
-    assert [e["met"] for e in run["expectations"]] == [True] * len(run["expectations"])
+    assert [t["status"] for t in data["thresholds"]] == ["pass"] * len(data["thresholds"]) and data["thresholds"]
+    assert data["status"] == "pass" and data["id"].endswith(data["runs"][0]["prefix"].split(":")[1])
 
 
 def test_results_go_to_results_dir_by_default_and_table_is_printed(tmp_path: Path) -> None:

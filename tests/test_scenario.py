@@ -26,7 +26,7 @@ def test_default_scenario_is_the_lessons_crash_test() -> None:
     assert (sc.jobs, sc.job_ms, sc.workers, sc.kills, sc.interval, sc.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
     assert sc.kill_when == "mid-job"
     assert sc.ideal_s == pytest.approx(5.0)
-    assert [str(e) for e in sc.expect["reliable"]][:2] == ["lost == 0", "stranded == 0"]
+    assert [t.rule() for t in sc.expect["reliable"]][:2] == ["lost == 0", "stranded == 0"]
 
 
 def test_validation_lists_every_problem(tmp_path: Path) -> None:
@@ -72,14 +72,19 @@ def test_overrides_replace_and_are_validated() -> None:
         sc.with_overrides(workers=0)
 
 
-def test_expectations_compare_with_numbers_and_other_counts() -> None:
-    e = scenario.parse_expectation("lost", "== kills_mid_job")
-    assert isinstance(e, scenario.Expectation)
-    assert e.evaluate({"lost": 5, "kills_mid_job": 5}) == (True, 5, 5)
-    e2 = scenario.parse_expectation("duplicated", "<= 2")
-    assert isinstance(e2, scenario.Expectation)
-    assert e2.evaluate({"duplicated": 3}) == (False, 3, 2)
-    assert isinstance(scenario.parse_expectation("lost", True), str)
+def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[expect.naive]\nlost = "== kills_mid_job"\n[expect.reliable]\nlost = 0\nrecovery_p95 = "< 2s"\n')
+    sc = scenario.load(str(good))
+    assert [t.rule() for t in sc.expect["reliable"]] == ["lost == 0", "recovery_p95 < 2000ms"]
+    assert sc.expect["naive"][0].ref == "kills_mid_job"
+    assert scenario.Scenario.from_dict(sc.to_dict()).expect == sc.expect
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[expect.reliable]\nlots = 0\nlost = true\nwall = "< 3 parsecs"\n')
+    with pytest.raises(ScenarioError) as err:
+        scenario.load(str(bad))
+    text = str(err.value.message)
+    assert "unknown metric 'lots'" in text and "lost = True" in text and "parsecs" in text
 
 
 def test_same_seed_same_schedule_other_seed_other_victims() -> None:

@@ -53,10 +53,13 @@ def test_arq_without_an_interpreter_that_has_it_names_the_option(small: Scenario
 @pytest.mark.parametrize("design", ["arq", "arq:reliable"])
 def test_arq_without_kills_runs_every_job_exactly_once(small: Scenario, design: str) -> None:
     sc = dataclasses.replace(small, jobs=60, kills=0, library={design: {"poll_delay": 0.02}})
-    run = run_designs(sc, [design], Options(worker_python=arq_python())).runs[0]
+    result = run_designs(sc, [design], Options(worker_python=arq_python()))
+    run = result.runs[0]
     c = run.counts
     assert run.count_problems == []
     assert c.done == c.enqueued == c.executions == 60
+    # The versions that shaped the figures are those of the worker interpreter.
+    assert result.environment.worker_python == arq_python() and "arq" in result.environment.libraries
     assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
 
 

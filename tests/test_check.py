@@ -1,0 +1,132 @@
+"""The CI regression job: repeats, the results store, thresholds and baselines, exit codes, exports,
+replay. One real run (two designs, two repeats) is saved once; most cases then check it from the store."""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from crashbench.errors import ExitCode
+from tests.test_cli import SMALL, assert_clean_error, crashbench
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results store holding one compare of naive and reliable, 2 kills, repeated twice."""
+    store = tmp_path_factory.mktemp("results")
+    cp = crashbench(
+        "compare", "--designs", "naive,reliable", "--kills", "2", "--repeat", "2", "--seed", "7", *SMALL,
+        "--out", str(store), "--plain", tmp_path=store,
+    )  # fmt: skip
+    assert cp.returncode == 0, cp.stderr + cp.stdout
+    return store
+
+
+def saved(store: Path) -> dict:
+    (path,) = store.glob("*.json")
+    return json.loads(path.read_text())
+
+
+def test_repeat_keeps_every_run_with_its_seed_and_schedule_and_shows_the_spread(store: Path) -> None:
+    data = saved(store)
+    runs = data["runs"]
+    assert [(r["design"], r["repeat"], r["seed"]) for r in runs] == [
+        ("naive", 0, 7), ("reliable", 0, 7), ("naive", 1, 8), ("reliable", 1, 8),
+    ]  # fmt: skip
+    # The same seed gives both designs the same schedule; the next seed another one.
+    assert runs[0]["schedule"] == runs[1]["schedule"] != runs[2]["schedule"]
+    assert data["repeat"] == 2 and data["fingerprint"] and data["environment"]["machine"]
+    # naive's scenario threshold (lost == kills_mid_job) held in each run; its values are listed per run.
+    naive = next(t for t in data["thresholds"] if t["design"] == "naive" and t["threshold"].startswith("lost"))
+    assert naive["status"] == "pass" and naive["values"] == [
+        r["counts"]["lost"] for r in runs if r["design"] == "naive"
+    ]
+
+
+def test_results_lists_and_show_renders_a_saved_result(store: Path, tmp_path: Path) -> None:
+    rid = saved(store)["id"]
+    cp = crashbench("results", "--dir", str(store), "--design", "reliable", tmp_path=tmp_path)
+    assert cp.returncode == 0 and rid in cp.stdout and "pass" in cp.stdout
+    cp = crashbench("results", "--dir", str(store), "--scenario", "other", tmp_path=tmp_path)
+    assert rid not in cp.stdout
+    cp = crashbench("show", rid[:17], "--dir", str(store), "--plain", tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert "2 repeats" in cp.stdout and "+--" in cp.stdout and "✓ reliable: lost == 0" in cp.stdout
+    assert_clean_error(crashbench("show", "nope", "--dir", str(store), tmp_path=tmp_path), 2, "no result 'nope'")
+
+
+@pytest.mark.parametrize(
+    ("rules", "code", "line"),
+    [
+        (["lost<=10"], ExitCode.OK, "✓ naive: lost <= 10"),
+        (["reliable: duplicated<=0", "lost=0"], ExitCode.THRESHOLD_VIOLATED, "✗ naive: lost == 0"),
+        (["naive: recovery_p95<2s"], ExitCode.INCONCLUSIVE, "? naive: recovery_p95 < 2000ms"),
+    ],
+)
+def test_check_exit_code_follows_the_thresholds(
+    store: Path, tmp_path: Path, rules: list[str], code: int, line: str
+) -> None:
+    args = [a for rule in rules for a in ("-t", rule)]
+    cp = crashbench("check", "--results", "latest", "--dir", str(store), *args, "--plain", tmp_path=tmp_path)
+    assert cp.returncode == code, cp.stderr + cp.stdout
+    assert line in cp.stdout
+
+
+def test_baseline_relative_thresholds(store: Path, tmp_path: Path) -> None:
+    base = ["--results", "latest", "--baseline", "latest", "--dir", str(store), "--plain"]
+    cp = crashbench("check", *base, "-t", "jobs_per_s>=-10%", tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stdout
+    assert "baseline" in cp.stdout
+    cp = crashbench("check", *base, "-t", "reliable: jobs_per_s>=+50%", tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.THRESHOLD_VIOLATED, cp.stdout
+
+
+def test_bad_thresholds_and_export_paths_fail_before_any_run(tmp_path: Path) -> None:
+    nowhere = ["--server", "/nonexistent/redis-server"]  # had a run started: exit 3, not 2
+    assert_clean_error(crashbench("check", "-t", "lots=0", *nowhere, tmp_path=tmp_path), 2, "unknown metric 'lots'")
+    cp = crashbench("check", "-t", "jobs_per_s>=-10%", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "needs a baseline")
+    cp = crashbench("check", "--junit", str(tmp_path / "missing" / "j.xml"), *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "missing")
+    assert_clean_error(crashbench("check", "--baseline", "nope", *nowhere, tmp_path=tmp_path), 2, "no result 'nope'")
+
+
+def test_exports_junit_markdown_csv_and_the_github_step_summary(store: Path, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    junit, md, table = tmp_path / "j.xml", tmp_path / "s.md", tmp_path / "runs.csv"
+    cp = crashbench(
+        "check", "--results", "latest", "--dir", str(store), "-t", "lost=0", "--plain",
+        "--junit", str(junit), "--markdown", str(md), "--csv", str(table),
+        tmp_path=tmp_path, env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )  # fmt: skip
+    assert cp.returncode == ExitCode.THRESHOLD_VIOLATED, cp.stdout
+    suites = ET.parse(junit).getroot()
+    cases = suites.findall(".//testcase")
+    assert {c.get("classname") for c in cases} == {"crashbench.naive", "crashbench.reliable"}
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["lost == 0"] and failed[0].get("classname") == "crashbench.naive"
+    assert int(suites.get("failures", "0")) == 1
+    assert "lost" in md.read_text() and "naive" in md.read_text()
+    assert summary.read_text().startswith("earlier step\n") and md.read_text() in summary.read_text()
+    rows = list(csv.DictReader(table.open()))
+    assert [(r["design"], r["seed"]) for r in rows] == [
+        ("naive", "7"),
+        ("reliable", "7"),
+        ("naive", "8"),
+        ("reliable", "8"),
+    ]
+
+
+def test_replay_reproduces_a_stored_run_s_fault_schedule(store: Path, tmp_path: Path) -> None:
+    data = saved(store)
+    cp = crashbench("replay", data["id"], "--run", "2", "--dir", str(store), "--out", str(tmp_path), tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr + cp.stdout
+    assert "the same fault schedule" in cp.stderr
+    (replayed,) = tmp_path.glob("*.json")
+    run = json.loads(replayed.read_text())["runs"][0]
+    assert (run["design"], run["seed"], run["schedule"]) == ("naive", 8, data["runs"][2]["schedule"])

@@ -1,0 +1,358 @@
+"""Exports (JUnit XML, Markdown, CSV) of hand-built results: pure unit tests, no server needed."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from crashbench.counts import Counts
+from crashbench.errors import UsageError
+from crashbench.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
+from crashbench.results import DesignRun, Environment, Result, ThresholdResult, Timings
+
+ENV = Environment(
+    crashbench="0.1.0",
+    python="3.11.9",
+    redis_py="5.0.0",
+    platform="Linux",
+    machine="ci-box",
+    cpus=4,
+    server_name="valkey",
+    server_version="8.1.1",
+    server_binary=None,
+    server_mode="embedded",
+    commit=None,
+    dirty=None,
+)
+SCENARIO = {
+    "name": "lesson",
+    "jobs": 100,
+    "job_ms": 10.0,
+    "workers": 4,
+    "kills": 5,
+    "signal": "SIGKILL",
+    "interval": 0.5,
+    "seed": 1,
+}
+
+
+def run(
+    design: str,
+    repeat: int = 0,
+    lost: int = 0,
+    duplicated: int = 0,
+    wall_s: float = 2.0,
+    p95: float | None = 120.0,
+    variant: str = "",
+    problems: tuple[str, ...] = (),
+    drained: bool = True,
+) -> DesignRun:
+    """A run of 100 jobs whose outcome classes add up: the lost ones are taken from done."""
+    counts = Counts(
+        enqueued=100,
+        done=100 - lost,
+        lost=lost,
+        duplicated=duplicated,
+        duplicated_sequential=duplicated,
+        extra_executions=duplicated,
+        requeued=3,
+        kills=5,
+        kills_mid_job=5,
+    )
+    timings = Timings(
+        wall_s=wall_s,
+        jobs_per_s=(100 - lost) / wall_s,
+        ideal_s=0.25,
+        drained=drained,
+        drain_s=0.5,
+        window_s=30.0,
+        startup_ms_median=40.0,
+        startup_ms_max=55.0,
+        restart_ms_median=42.0,
+        recovery_ms_p50=100.0 if p95 is not None else None,
+        recovery_ms_p95=p95,
+        recovery_ms_max=p95,
+    )
+    return DesignRun(
+        design=design,
+        variant=variant,
+        prefix=f"cb:{design}:{repeat}",
+        seed=1 + repeat,
+        counts=counts,
+        timings=timings,
+        kills=[],
+        repeat=repeat,
+        count_problems=list(problems),
+    )
+
+
+def result(runs: list[DesignRun], thresholds: list[ThresholdResult], repeat: int = 1) -> Result:
+    return Result(
+        id="20250101-120000-abcd",
+        kind="run",
+        created="2025-01-01T12:00:00+0100",
+        scenario=SCENARIO,
+        fingerprint="f00d",
+        runs=runs,
+        environment=ENV,
+        repeat=repeat,
+        thresholds=thresholds,
+    )
+
+
+def threshold(
+    design: str, text: str, status: str, actual: float | None, expected: float | None, **kw
+) -> ThresholdResult:
+    return ThresholdResult(
+        design=design, threshold=text, source="scenario", status=status, actual=actual, expected=expected, **kw
+    )
+
+
+@pytest.fixture
+def repeated() -> Result:
+    """Two designs, three repeats each: naive loses jobs (a failed threshold), reliable passes one
+    threshold and cannot be judged on another (no recovery time in any run)."""
+    runs = [run("naive", repeat=i, lost=lost, wall_s=2.0 + i) for i, lost in enumerate((4, 0, 2))]
+    runs += [run("reliable", repeat=i, duplicated=i, wall_s=3.0, p95=None) for i in range(3)]
+    thresholds = [
+        threshold("naive", "lost == 0", "fail", 4, 0, values=[4, 0, 2], note="run with seed 1"),
+        threshold("reliable", "lost == 0", "pass", 0, 0, values=[0, 0, 0], note="all 3 runs"),
+        threshold(
+            "reliable", "recovery_p95 < 2000", "inconclusive", None, None, unit="ms", values=[None, None, None],
+            note="no recovery_p95 value",
+        ),
+    ]  # fmt: skip
+    return result(runs, thresholds, repeat=3)
+
+
+def parse_junit(text: str) -> ET.Element:
+    assert text.startswith("<?xml version='1.0' encoding='UTF-8'?>")
+    return ET.fromstring(text.encode("utf-8"))
+
+
+def outcome(case: ET.Element) -> str:
+    kids = [c.tag for c in case]
+    assert len(kids) <= 1, kids
+    return kids[0] if kids else "pass"
+
+
+# --- JUnit ----------------------------------------------------------------------------------------
+
+
+def test_junit_totals_match_the_testcases(repeated: Result) -> None:
+    root = parse_junit(junit(repeated))
+    assert root.tag == "testsuites"
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["naive", "reliable"]
+    for suite in suites:
+        cases = suite.findall("testcase")
+        assert suite.get("tests") == str(len(cases))
+        assert suite.get("failures") == str(sum(outcome(c) == "failure" for c in cases))
+        assert suite.get("errors") == str(sum(outcome(c) == "error" for c in cases))
+        assert suite.get("skipped") == "0"
+        assert suite.get("hostname") == "ci-box"
+        assert suite.get("timestamp") == "2025-01-01T12:00:00"
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    naive, reliable = suites
+    assert [(c.get("classname"), c.get("name"), outcome(c)) for c in naive.findall("testcase")] == [
+        ("crashbench.naive", "lost == 0", "failure")
+    ]
+    assert [(c.get("name"), outcome(c)) for c in reliable.findall("testcase")] == [
+        ("lost == 0", "pass"),
+        ("recovery_p95 < 2000", "error"),
+    ]
+    # time: the sum of the design's wall times (2 + 3 + 4 s; 3 x 3 s)
+    assert naive.get("time") == "9.000" and reliable.get("time") == "9.000"
+    assert naive.find("testcase").get("time") == "9.000"  # type: ignore[union-attr]
+    assert root.get("time") == "18.000"
+
+
+def test_junit_failure_gives_values_and_counts_per_run(repeated: Result) -> None:
+    root = parse_junit(junit(repeated))
+    failure = root.find("testsuite[@name='naive']/testcase/failure")
+    assert failure is not None
+    assert failure.get("type") == "threshold"
+    assert "got 4, expected 0" in failure.get("message", "")
+    text = failure.text or ""
+    assert "per run: 4, 0, 2" in text
+    assert "run with seed 1" in text
+    assert (
+        "repeat 0 (seed 1): enqueued 100, done 96, lost 4, stranded 0, failed 0, dead_lettered 0, duplicated 0" in text
+    )
+    assert "repeat 1 (seed 2): enqueued 100, done 100, lost 0" in text
+    assert "repeat 2 (seed 3): enqueued 100, done 98, lost 2" in text
+    error = root.find("testsuite[@name='reliable']/testcase/error")
+    assert error is not None
+    assert error.get("type") == "inconclusive"
+    assert "no recovery_p95 value" in error.get("message", "")
+
+
+def test_junit_properties(repeated: Result) -> None:
+    root = parse_junit(junit(repeated))
+    props = {p.get("name"): p.get("value") for p in root.findall("testsuite[@name='reliable']/properties/property")}
+    assert props["scenario"] == "lesson"
+    assert props["fingerprint"] == "f00d"
+    assert props["seeds"] == "1,2,3"
+    assert props["result_id"] == "20250101-120000-abcd"
+    assert props["crashbench_version"] == "0.1.0"
+    assert props["server_version"] == "8.1.1"
+
+
+def test_junit_without_thresholds_checks_the_counts() -> None:
+    broken = "done 90 + dead-lettered 0 + stranded 0 + failed 0 + lost 0 = 90, not enqueued 100"
+    res = result([run("good"), run("bad", problems=(broken,))], [])
+    root = parse_junit(junit(res))
+    cases = {c.get("classname"): c for c in root.iter("testcase")}
+    assert {c.get("name") for c in cases.values()} == {"counts add up"}
+    assert outcome(cases["crashbench.good"]) == "pass"
+    failure = cases["crashbench.bad"].find("failure")
+    assert failure is not None and failure.get("type") == "count_problems"
+    assert broken in (failure.text or "")
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("2", "1", "0")
+
+
+def test_junit_count_problems_next_to_thresholds_are_an_error() -> None:
+    res = result(
+        [run("bad", problems=("kills mid-job 6 > kills 5",))],
+        [threshold("bad", "lost == 0", "pass", 0, 0)],
+    )
+    root = parse_junit(junit(res))
+    cases = root.findall("testsuite/testcase")
+    assert [(c.get("name"), outcome(c)) for c in cases] == [("lost == 0", "pass"), ("counts add up", "error")]
+    error = cases[1].find("error")
+    assert error is not None and error.get("type") == "count_problems"
+    assert "kills mid-job 6 > kills 5" in (error.text or "")
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("2", "0", "1")
+
+
+def test_junit_undrained_run_under_thresholds_is_not_green() -> None:
+    res = result([run("slow", drained=False)], [threshold("slow", "lost == 0", "pass", 0, 0)])
+    assert res.status == "inconclusive"
+    root = parse_junit(junit(res))
+    assert root.get("errors") == "1"
+    error = root.find("testsuite/testcase/error")
+    assert error is not None and error.get("type") == "inconclusive"
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+
+
+def test_markdown_heading_table_and_thresholds(repeated: Result) -> None:
+    md = markdown(repeated)
+    lines = md.splitlines()
+    assert lines[0] == "## ❌ crashbench run: fail"
+    assert "lesson: 100 jobs × 10 ms, 4 workers, 5 × SIGKILL every 0.5 s, seed 1, 3 repeats" in lines
+    assert "| | naive | reliable |" in lines
+    assert "|---|---:|---:|" in lines
+    assert "| lost | 2 (0–4) | 0 |" in lines
+    assert "| duplicated | 0 | 1 (0–2) |" in lines
+    assert "| dead-lettered | 0 | 0 |" in lines
+    assert "| requeued | 3 | 3 |" in lines
+    # naive: 96/2, 100/3, 98/4 jobs/s; reliable: 100/3 in every run; no recovery time for reliable
+    assert "| jobs/s | 33 (24–48) | 33 |" in lines
+    assert "| recovery p95 (ms) | 120 | - |" in lines
+    assert "- ❌ `naive` lost == 0: got 4, expected 0; run with seed 1" in lines
+    assert "- ✅ `reliable` lost == 0: got 0, expected 0; all 3 runs" in lines
+    assert "- ⚠️ `reliable` recovery_p95 < 2000: got -, expected -; no recovery_p95 value" in lines
+
+
+def test_markdown_pass_status_baseline_and_escaped_pipes() -> None:
+    res = result(
+        [run("piped", variant="a|b")],
+        [threshold("a|b", "jobs_per_s >= -10%", "pass", 50, 45, unit="jobs/s", baseline=50)],
+    )
+    md = markdown(res)
+    assert md.startswith("## ✅ crashbench run: pass\n")
+    assert "| | a\\|b |" in md.splitlines()
+    assert "got 50 jobs/s, expected 45 jobs/s (baseline 50 jobs/s)" in md
+    assert "repeats" not in md  # a single run has no spread to explain
+
+
+# --- CSV ------------------------------------------------------------------------------------------
+
+
+def test_csv_one_row_per_run(repeated: Result) -> None:
+    reader = csv.DictReader(io.StringIO(csv_text(repeated)))
+    counts = [f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at"]
+    timings = [f.name for f in dataclasses.fields(Timings)]
+    assert reader.fieldnames == ["result_id", "design", "variant", "repeat", "seed", *counts, *timings]
+    assert list(CSV_COLUMNS) == reader.fieldnames
+    rows = list(reader)
+    assert len(rows) == 6
+    assert [(r["design"], r["repeat"], r["seed"]) for r in rows] == [
+        ("naive", "0", "1"), ("naive", "1", "2"), ("naive", "2", "3"),
+        ("reliable", "0", "1"), ("reliable", "1", "2"), ("reliable", "2", "3"),
+    ]  # fmt: skip
+    assert {r["result_id"] for r in rows} == {"20250101-120000-abcd"}
+    assert [int(r["lost"]) for r in rows] == [4, 0, 2, 0, 0, 0]
+    assert [int(r["done"]) for r in rows] == [96, 100, 98, 100, 100, 100]
+    assert [int(r["duplicated"]) for r in rows[3:]] == [0, 1, 2]
+    assert [float(r["wall_s"]) for r in rows] == [2.0, 3.0, 4.0, 3.0, 3.0, 3.0]
+    assert rows[0]["recovery_ms_p95"] == "120.0" and rows[3]["recovery_ms_p95"] == ""
+    assert rows[0]["drained"] == "True"
+    assert "stranded_at" not in rows[0]
+
+
+# --- check_paths ----------------------------------------------------------------------------------
+
+
+def test_check_paths_rejects_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="is a directory"):
+        check_paths([None, tmp_path])
+
+
+def test_check_paths_rejects_a_missing_parent(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist") as info:
+        check_paths([tmp_path / "nope" / "junit.xml"])
+    assert str(tmp_path / "nope") in info.value.message
+    assert not (tmp_path / "nope").exists()
+
+
+def test_check_paths_accepts_writable_paths_and_leaves_them_as_they_were(tmp_path: Path) -> None:
+    new = tmp_path / "junit.xml"
+    existing = tmp_path / "summary.md"
+    existing.write_text("keep me\n")
+    check_paths([new, None, existing])
+    assert not new.exists()
+    assert existing.read_text() == "keep me\n"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_check_paths_rejects_an_unwritable_directory(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(UsageError, match="not writable"):
+            check_paths([locked / "out.csv"])
+    finally:
+        locked.chmod(0o755)
+
+
+# --- write_exports --------------------------------------------------------------------------------
+
+
+def test_write_exports_writes_files_and_appends_to_the_step_summary(repeated: Result, tmp_path: Path) -> None:
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    junit_path, csv_path = tmp_path / "junit.xml", tmp_path / "runs.csv"
+    written = write_exports(repeated, junit_path, None, csv_path, environ={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert written == [junit_path, csv_path, summary]
+    assert parse_junit(junit_path.read_text(encoding="utf-8")).get("failures") == "1"
+    assert len(list(csv.DictReader(io.StringIO(csv_path.read_text(encoding="utf-8"))))) == 6
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("earlier step\n## ❌ crashbench run: fail\n")
+    assert "| lost | 2 (0–4) | 0 |" in text
+
+
+def test_write_exports_without_step_summary(repeated: Result, tmp_path: Path) -> None:
+    md_path = tmp_path / "summary.md"
+    assert write_exports(repeated, None, md_path, None, environ={}) == [md_path]
+    assert md_path.read_text(encoding="utf-8") == markdown(repeated)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]
