@@ -130,3 +130,18 @@ def test_replay_reproduces_a_stored_run_s_fault_schedule(store: Path, tmp_path: 
     (replayed,) = tmp_path.glob("*.json")
     run = json.loads(replayed.read_text())["runs"][0]
     assert (run["design"], run["seed"], run["schedule"]) == ("naive", 8, data["runs"][2]["schedule"])
+
+
+def test_ci_examples_check_against_a_baseline_this_crashbench_reads(tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parent.parent / "examples" / "ci"
+    for name in ("github-actions.yml", "gitlab-ci.yml"):
+        text = examples.joinpath(name).read_text()
+        for part in ("crashbench check", "--baseline ci/baseline.json", "--junit crashbench.xml", "--markdown"):
+            assert part in text, (name, part)
+    # The committed baseline (scenario ci, 3 repeats) compared with itself: every threshold met.
+    baseline = str(examples / "baseline.json")
+    cp = crashbench(
+        "check", "--results", baseline, "--baseline", baseline, "-t", "jobs_per_s>=-20%", "--plain", tmp_path=tmp_path
+    )
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "✓ reliable: jobs_per_s >= -20%" in cp.stdout and "✓ stream: recovery_p95 < 2000ms" in cp.stdout
