@@ -21,8 +21,7 @@ from pathlib import Path
 
 from crashbench.counts import Counts
 from crashbench.errors import UsageError
-from crashbench.results import DesignRun, Result, ThresholdResult, Timings
-from crashbench.thresholds import group
+from crashbench.results import DesignRun, Result, ThresholdResult, Timings, group
 
 # The counts a failure message shows for each run: the outcome classes and the anomalies a reader
 # checks first. The full set is in the result file and the CSV.

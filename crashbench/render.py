@@ -10,10 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from crashbench.results import DesignRun, Result, ThresholdResult
+from crashbench.results import DesignRun, Result, ThresholdResult, group
+from crashbench.results import label as label_of
 from crashbench.runner import Progress
-from crashbench.thresholds import group
-from crashbench.thresholds import label as label_of
 
 # (label, count field) in display order; outcome classes first, then events.
 ROWS: tuple[tuple[str, str], ...] = (

@@ -6,11 +6,13 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -114,6 +116,55 @@ class DesignRun:
         return not self.count_problems
 
 
+def label(run: DesignRun) -> str:
+    """How a run's design is named in tables and threshold results: the sweep value, else the design."""
+    return run.variant or run.design
+
+
+def group(runs: Sequence[DesignRun]) -> dict[str, list[DesignRun]]:
+    """Runs by label, in first-seen order: the repeats of one design (or one sweep value) together."""
+    out: dict[str, list[DesignRun]] = {}
+    for run in runs:
+        out.setdefault(label(run), []).append(run)
+    return out
+
+
+@dataclass(slots=True)
+class Stats:
+    min: float
+    median: float
+    max: float
+    n: int  # runs that had a value (a timing may have none, like a recovery time without recoveries)
+
+
+@dataclass(slots=True)
+class DesignSummary:
+    """One design's (or sweep value's) runs over the repeats: min / median / max of every count and timing."""
+
+    design: str
+    runs: int
+    counts: dict[str, Stats]
+    timings: dict[str, Stats]
+
+
+def _stats(values: Sequence[float | None]) -> Stats | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return Stats(min(present), round(statistics.median(present), 4), max(present), len(present))
+
+
+def summarize(runs: Sequence[DesignRun]) -> list[DesignSummary]:
+    out = []
+    count_names = [f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at"]
+    timing_names = [f.name for f in dataclasses.fields(Timings) if f.name != "drained"]
+    for name, design_runs in group(runs).items():
+        counts = {c: s for c in count_names if (s := _stats([getattr(r.counts, c) for r in design_runs]))}
+        timings = {t: s for t in timing_names if (s := _stats([getattr(r.timings, t) for r in design_runs]))}
+        out.append(DesignSummary(name, len(design_runs), counts, timings))
+    return out
+
+
 @dataclass(slots=True)
 class Environment:
     crashbench: str
@@ -142,6 +193,7 @@ class Result:
     runs: list[DesignRun]  # every run, repeats included, in the order they ran
     environment: Environment
     repeat: int = 1
+    summary: list[DesignSummary] = field(default_factory=list)  # per design over the repeats
     thresholds: list[ThresholdResult] = field(default_factory=list)
     baseline: str | None = None  # the id of the result relative thresholds were checked against
     schema: str = SCHEMA

@@ -19,7 +19,7 @@ from crashbench import workdirs
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.interpreter import WorkerPython
-from crashbench.results import Result, environment, new_id, now_iso
+from crashbench.results import Result, environment, new_id, now_iso, summarize
 from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.server import cleanup_keys, open_server
@@ -149,7 +149,7 @@ def _run_on_server(
     return evaluate(
         Result(
             id=new_id(run_id), kind=kind, created=now_iso(), scenario=base.to_dict(), fingerprint=base.fingerprint(),
-            runs=runs, environment=env, repeat=options.repeat,
+            runs=runs, environment=env, repeat=options.repeat, summary=summarize(runs),
         ),
         options.thresholds,
         options.baseline,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crashbench.counts import Counts
-from crashbench.results import DesignRun, ThresholdResult
+from crashbench.results import DesignRun, ThresholdResult, group
 
 COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
 
@@ -208,19 +208,6 @@ def _expected_count(t: Threshold, run: DesignRun) -> float:
         return getattr(run.counts, t.ref)
     assert t.value is not None
     return t.value
-
-
-def label(run: DesignRun) -> str:
-    """How a run's design is named in tables and threshold results: the sweep value, else the design."""
-    return run.variant or run.design
-
-
-def group(runs: Sequence[DesignRun]) -> dict[str, list[DesignRun]]:
-    """Runs by label, in first-seen order: the repeats of one design (or one sweep value) together."""
-    out: dict[str, list[DesignRun]] = {}
-    for run in runs:
-        out.setdefault(label(run), []).append(run)
-    return out
 
 
 def check_all(

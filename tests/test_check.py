@@ -40,6 +40,13 @@ def test_repeat_keeps_every_run_with_its_seed_and_schedule_and_shows_the_spread(
     # The same seed gives both designs the same schedule; the next seed another one.
     assert runs[0]["schedule"] == runs[1]["schedule"] != runs[2]["schedule"]
     assert data["repeat"] == 2 and data["fingerprint"] and data["environment"]["machine"]
+    # min / median / max of every count and timing, per design, over the repeats.
+    summary = {s["design"]: s for s in data["summary"]}
+    walls = sorted(r["timings"]["wall_s"] for r in runs if r["design"] == "reliable")
+    assert summary["reliable"]["timings"]["wall_s"] == {
+        "min": walls[0], "median": round(sum(walls) / 2, 4), "max": walls[1], "n": 2,
+    }  # fmt: skip
+    assert summary["reliable"]["counts"]["lost"] == {"min": 0, "median": 0, "max": 0, "n": 2}
     # naive's scenario threshold (lost == kills_mid_job) held in each run; its values are listed per run.
     naive = next(t for t in data["thresholds"] if t["design"] == "naive" and t["threshold"].startswith("lost"))
     assert naive["status"] == "pass" and naive["values"] == [
@@ -93,6 +100,8 @@ def test_bad_thresholds_and_export_paths_fail_before_any_run(tmp_path: Path) -> 
     cp = crashbench("check", "--junit", str(tmp_path / "missing" / "j.xml"), *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "missing")
     assert_clean_error(crashbench("check", "--baseline", "nope", *nowhere, tmp_path=tmp_path), 2, "no result 'nope'")
+    cp = crashbench("check", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
+    assert_clean_error(cp, ExitCode.SERVER_UNAVAILABLE, "127.0.0.1:1")
 
 
 def test_exports_junit_markdown_csv_and_the_github_step_summary(store: Path, tmp_path: Path) -> None:
