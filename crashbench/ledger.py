@@ -39,6 +39,11 @@ class LedgerWriter:
     def end(self, job_id: str, now: float) -> None:
         os.write(self.fd, b"E %s %.6f\n" % (job_id.encode(), now))
 
+    def end_and_start(self, job_id: str, now: float, next_job: str) -> None:
+        """The end of one job and the start of the next of the same batch, in one write: the same two
+        records at the same instant, for half the system calls on the batch path."""
+        os.write(self.fd, b"E %s %.6f\nS %s %.6f %d\n" % (job_id.encode(), now, next_job.encode(), now, self.pid))
+
     def fail(self, job_id: str, now: float) -> None:
         os.write(self.fd, b"F %s %.6f\n" % (job_id.encode(), now))
 

@@ -4,7 +4,8 @@
     description = "..."
     [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
     [faults]    kills, interval, signal, kill_when, seed, pause
-    [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every
+    [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
+                batch_size
     [run]       drain_timeout, designs
     [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
@@ -46,7 +47,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "transient_failures"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
-              "heartbeat_every"),
+              "heartbeat_every", "batch_size"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
 
@@ -87,6 +88,7 @@ class Scenario:
     retry_factor: float = 4.0
     retry_jitter: float = 0.25
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
+    batch_size: int = 10  # jobs per round trip, for the batching designs
     # run
     # Observation window after the last fault, seconds; None: the design's own default
     # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
@@ -105,6 +107,7 @@ class Scenario:
             retry_factor=self.retry_factor,
             retry_jitter=self.retry_jitter,
             heartbeat_every=self.heartbeat_every,
+            batch_size=self.batch_size,
         )
 
     def workload(self) -> Workload:
@@ -180,6 +183,7 @@ class Scenario:
             p.append(f"queue.retry_factor must be a number >= 1, not {self.retry_factor!r}")
         _non_negative(p, "queue.retry_jitter", self.retry_jitter)
         _non_negative(p, "queue.heartbeat_every", self.heartbeat_every)
+        _positive_int(p, "queue.batch_size", self.batch_size)
         if self.drain_timeout is not None:
             _positive(p, "run.drain_timeout", self.drain_timeout)
         return p

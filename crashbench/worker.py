@@ -96,7 +96,13 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     return 0
 
 
-def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) -> int:
+def wait_gate(gate: int | None) -> None:
+    """`crashbench bench` starts every worker's loop at once, after all are READY: one byte each."""
+    if gate is not None:
+        os.read(gate, 1)
+
+
+def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, gate: int | None = None) -> int:
     if spec.design.own_worker:
         return serve_library(spec, name, ledger_path)
     stopping = False
@@ -114,22 +120,62 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int) 
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, clock())
     ledger.ready(clock())
+    wait_gate(gate)
 
     while not stopping and os.getppid() == parent_pid:
-        job = design.fetch(name, spec.fetch_timeout, clock())
-        if job is None:
-            continue
-        ledger.start(job.id, clock())
-        # The ledger's end record is the handler's side effect; it is written before the ack.
-        if run_handler(spec, design, name, job):
-            ledger.end(job.id, clock())
-            design.ack(name, job, clock())
-        else:
-            ledger.fail(job.id, clock())
-            design.fail(name, job, clock())
+        finished = []
+        # A batching design hands over several jobs at once; they are acked together after the last
+        # one ran, so a kill in between runs the finished ones again (bounded by the batch size).
+        jobs = design.fetch_batch(name, spec.fetch_timeout, clock())
+        started = False  # whether the current job's start record is written already
+        for i, job in enumerate(jobs):
+            if not started:
+                ledger.start(job.id, clock())
+            started = False
+            # The ledger's end record is the handler's side effect; it is written before the ack.
+            if run_handler(spec, design, name, job):
+                if i + 1 < len(jobs):
+                    ledger.end_and_start(job.id, clock(), jobs[i + 1].id)
+                    started = True
+                else:
+                    ledger.end(job.id, clock())
+                finished.append(job)
+            else:
+                ledger.fail(job.id, clock())
+                design.fail(name, job, clock())
+        if finished:
+            design.ack_batch(name, finished, clock())
     if stopping:
         design.stop_worker(name, clock())
     ledger.close()
+    client.close()
+    return 0
+
+
+def run_bare(spec: WorkerSpec, name: str, out_path: Path, parent_pid: int, gate: int | None = None) -> int:
+    """The design's own commands and nothing else: fetch and ack, no ledger, no handler. `crashbench
+    bench` runs it beside run_worker to show what the harness itself costs. Writes, at exit, when it
+    started, how many jobs it acked and when the last ack returned."""
+    stopping = False
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    clock = time.monotonic
+    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
+    design = spec.design(client, spec.prefix, spec.settings)
+    design.start_worker(name, clock())
+    out_path.with_suffix(".ready").write_text("")
+    wait_gate(gate)
+    ready, acked, last = clock(), 0, 0.0
+    while not stopping and os.getppid() == parent_pid:
+        jobs = design.fetch_batch(name, spec.fetch_timeout, clock())
+        if jobs:
+            design.ack_batch(name, jobs, clock())
+            acked, last = acked + len(jobs), clock()
+    out_path.write_text(f"{ready:.6f} {acked} {last:.6f}\n")
     client.close()
     return 0
 

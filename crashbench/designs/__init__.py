@@ -57,6 +57,7 @@ class DesignSettings:
     retry_factor: float = 4.0  # each further retry waits this many times longer
     retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
+    batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
     # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -135,6 +136,17 @@ class Design(ABC):
     def ack(self, worker: str, job: Job, now: float) -> None:
         """The handler of `job` finished: the queue may forget it."""
 
+    def fetch_batch(self, worker: str, timeout: float, now: float) -> list[Job]:
+        """Hand `worker` the jobs of one round trip (a batching design: up to settings.batch_size); the
+        worker runs them in order, then `ack_batch`es the ones that finished. By default one `fetch`."""
+        job = self.fetch(worker, timeout, now)
+        return [] if job is None else [job]
+
+    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> None:
+        """Acknowledge the finished jobs of one batch; by default one `ack` each."""
+        for job in jobs:
+            self.ack(worker, job, now)
+
     def fail(self, worker: str, job: Job, now: float) -> None:
         """The handler of `job` raised. Retry it later or dead-letter it; by default it is forgotten."""
         self.ack(worker, job, now)
@@ -180,6 +192,9 @@ BUILTIN: dict[str, str] = {
     "naive": "crashbench.designs.naive:NaiveQueue",
     "reliable": "crashbench.designs.reliable:ReliableQueue",
     "stream": "crashbench.designs.stream:StreamQueue",
+    "reliable-batch": "crashbench.designs.reliable_batch:ReliableBatchQueue",
+    "stream-batch": "crashbench.designs.stream_batch:StreamBatchQueue",
+    "priority": "crashbench.designs.priority:PriorityQueue",
     "rq": "crashbench.designs.rqlib:RQQueue",
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",
     "celery": "crashbench.designs.celerylib:CeleryQueue",
