@@ -21,7 +21,7 @@ from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
 from crashbench.scenario import FAULT_SIGNALS, KILL_TARGETS, KILL_WHEN, SWEEPABLE, Scenario
-from crashbench.session import BUILTIN_ORDER, Options, evaluate, replay_scenario, run_designs, run_sweep
+from crashbench.session import BUILTIN_ORDER, Options, evaluate, run_designs, run_sweep
 from crashbench.thresholds import Threshold
 from crashbench.workload import DISTRIBUTIONS
 
@@ -71,6 +71,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--retry-factor", "retry_factor", float, "Each further retry waits this many times longer (queue.retry_factor)."),
     ("--retry-jitter", "retry_jitter", float, "Plus up to this fraction of the delay at random (queue.retry_jitter)."),
     ("--heartbeat-every", "heartbeat_every", float, "Heartbeat inside handlers every N s; 0 = between jobs only (queue.heartbeat_every)."),
+    ("--batch-size", "batch_size", int, "Jobs per round trip for the batching designs (queue.batch_size)."),
     ("--drain-timeout", "drain_timeout", float, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
 ]  # fmt: skip
 
@@ -293,114 +294,6 @@ def check(designs: str | None, baseline: str | None, results_ref: str | None, st
     report(result, opts, saved=None)
 
 
-@cli.command()
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
-@click.option("--scenario", "-s", "scenario_name", metavar="NAME|FINGERPRINT", help="Only results of this scenario.")
-@click.option("--design", "-d", metavar="NAME", help="Only results with this design.")
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True)
-@reports_errors
-def results(store_dir: Path, scenario_name: str | None, design: str | None, limit: int) -> None:
-    """List saved results, newest first."""
-    found = store.entries(store_dir, scenario_name, design)
-    table = Table(title=f"results in {store_dir}/ ({len(found)})", title_justify="left")
-    for column in ("id", "kind", "scenario", "fingerprint", "designs", "repeat", "status", "commit"):
-        table.add_column(column)
-    for e in found[:limit]:
-        commit = (e.commit or "-")[:10] + (" (dirty)" if e.dirty else "")
-        style = {"pass": "green", "fail": "red"}.get(e.status, "yellow")
-        table.add_row(
-            e.id,
-            e.kind,
-            e.scenario,
-            e.fingerprint,
-            ", ".join(e.designs),
-            str(e.repeat),
-            f"[{style}]{e.status}[/]",
-            commit,
-        )
-    out.print(table)
-
-
-@cli.command()
-@click.argument("ref", metavar="FILE|ID")
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
-@output_options
-@reports_errors
-def show(ref: str, store_dir: Path, **opts: Any) -> None:
-    """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
-    configure_output(opts)
-    result = store.load(ref, store_dir)
-    env = result.environment
-    if not opts["as_json"]:
-        out.print(
-            f"[dim]{result.id} · {result.created} · {env.machine} ({env.cpus} cpus) · crashbench {env.crashbench} · "
-            f"{env.server_name} {env.server_version} · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
-            highlight=False,
-        )
-    report(result, opts, saved=None)
-
-
-@cli.command()
-@click.argument("ref", metavar="FILE|ID")
-@click.option(
-    "--run", "index", type=int, default=0, show_default=True, help="Which run of the result (0-based, as in its JSON)."
-)
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
-@click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one.")
-@click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
-@click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter.")
-@click.option("--keep", is_flag=True, help="Keep the run's keys and work directory.")
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="Where to save the replay's result.",
-)
-@output_options
-@reports_errors
-def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
-    """Run one stored run again: the same scenario, design and seed, so the same fault schedule (the
-    scenario comes from the result; only where to run it is chosen here)."""
-    stored = store.load(ref, store_dir)
-    if not 0 <= index < len(stored.runs):
-        raise UsageError(f"--run {index}: the result has runs 0..{len(stored.runs) - 1}")
-    original = stored.runs[index]
-
-    def start(sc: Scenario, options: Options) -> Result:
-        result = run_designs(sc, [original.design], options, kind="replay")
-        same = result.runs[0].schedule == original.schedule
-        err.print(
-            f"replay of {stored.id} run {index} ({original.design}, seed {original.seed}): "
-            + ("the same fault schedule" if same else "[bold red]a different fault schedule[/]")
-        )
-        return result
-
-    execute(opts, start, scenario=replay_scenario(stored, index))
-
-
 @cli.command("list")
 @reports_errors
 def list_() -> None:
@@ -426,6 +319,10 @@ def list_() -> None:
             desc = f"[red]invalid: {exc.message.splitlines()[0]}[/]"
         table.add_row(path.stem, desc, str(path))
     out.print(table)
+
+
+# The other commands register themselves on `cli` when imported (they use the helpers above).
+from crashbench import cli_bench, cli_store  # noqa: E402, F401
 
 
 def main() -> None:

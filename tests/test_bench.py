@@ -1,0 +1,61 @@
+"""crashbench bench's bookkeeping against designs whose commands are known exactly (real server, real
+workers). The figures themselves are benchmarks, not tests."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from crashbench.bench import BenchSettings, measure, memory, restarts
+from crashbench.server import ServerInfo
+
+
+@pytest.fixture
+def server(server_url: str) -> ServerInfo:
+    return ServerInfo(server_url, "external", None, "redis", "?")
+
+
+HANDSHAKE = {"hello", "client|setinfo"}  # what redis-py sends on each new connection, by server version
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_commands_per_job_are_exactly_what_the_design_sends(
+    server: ServerInfo, workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CRASHBENCH_TEST_COUNTS", str(tmp_path))
+    n = 500
+    settings = BenchSettings(jobs=n, latency_jobs=50)
+    m = measure(server, "designs_counting:CountingNaive", settings, workers, 0, f"t{workers}n")
+    # The throughput phase's workers are the first ones started (w0..): what they counted sending.
+    sent: Counter[str] = Counter()
+    for i in range(workers):
+        sent.update(json.loads((tmp_path / f"w{i}.json").read_text()))
+    assert {k: v for k, v in m.commands.items() if k not in HANDSHAKE} == dict(sent)
+    assert sent["brpop"] >= n  # one per job, and the empty ones at the end
+    assert all(v % workers == 0 for k, v in m.commands.items() if k in HANDSHAKE)
+    assert m.commands_per_job == pytest.approx(sum(m.commands.values()) / n, abs=1e-4)
+    assert m.enqueue_commands_per_job == 1.0  # one LPUSH per job (pipelined)
+    assert m.jobs == n and m.jobs_per_s > 0 and m.bare_jobs_per_s > 0
+    assert m.latency["all"].n == 50 and m.latency["high"].n == 5  # every 10th job is marked high
+    assert m.server_cpu is None  # not a server this bench started
+
+
+def test_reliable_sends_one_move_one_heartbeat_and_one_remove_per_job(server: ServerInfo) -> None:
+    n, workers = 400, 2
+    m = measure(server, "reliable", BenchSettings(jobs=n, latency_jobs=20), workers, 0, "t-rel")
+    c = m.commands
+    # Per fetch a BLMOVE pipelined with a heartbeat HSET (+1 heartbeat and 1 SADD when a worker starts),
+    # per job an LREM; empty fetches at the end add BLMOVE + HSET pairs only.
+    assert c["lrem"] == n and c["sadd"] == workers
+    assert c["hset"] == c["blmove"] + workers and c["blmove"] >= n
+
+
+def test_restart_and_memory_figures_are_measured(server: ServerInfo) -> None:
+    r = restarts(server, "reliable", BenchSettings(restarts=3), "t-restart")
+    assert len(r.samples_ms) == 3 and all(v > 0 for v in r.samples_ms)
+    mem = {m.structure: m for m in memory(server, 2000, "t-mem")}
+    # A stream entry carries an id and field names besides the payload: it costs more than a list item.
+    assert 0 < mem["list"].bytes_per_job < mem["stream"].bytes_per_job
