@@ -30,7 +30,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: $(STAMP)  ## compare's wall time vs ideal and vs the lesson's script, worker start-up
+bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the lesson's script
+	$(BIN)/crashbench bench
 	$(BIN)/python bench/compare_vs_lesson.py
 
 clean:
