@@ -59,3 +59,21 @@ def test_restart_and_memory_figures_are_measured(server: ServerInfo) -> None:
     mem = {m.structure: m for m in memory(server, 2000, "t-mem")}
     # A stream entry carries an id and field names besides the payload: it costs more than a list item.
     assert 0 < mem["list"].bytes_per_job < mem["stream"].bytes_per_job
+
+
+def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) -> None:
+    from tests.test_cli import assert_clean_error, crashbench
+
+    args = ["--designs", "naive", "--workers", "1,2", "--jobs", "300", "--repeat", "1", "--memory-jobs", "1000"]
+    cp = crashbench("bench", *args, "--out", str(tmp_path), "--plain", tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert "harness/bare" in cp.stdout and "SIGKILL -> replacement READY" in cp.stdout and "per 1M jobs" in cp.stdout
+    (saved,) = tmp_path.glob("*-bench.json")
+    data = json.loads(saved.read_text())
+    assert (data["schema"], data["schema_version"]) == ("crashbench.bench", 1)
+    assert [(p["design"], p["workers"]) for p in data["points"]] == [("naive", 1), ("naive", 2)]
+    assert {m["structure"] for m in data["memory"]} == {"list", "stream"}
+    assert data["environment"]["server_mode"] == "embedded"
+    assert all(p["server_cpu"] is not None for p in data["points"])  # its own server: CPU is measured
+    assert_clean_error(crashbench("bench", "--workers", "0,x", tmp_path=tmp_path), 2, "--workers")
+    assert_clean_error(crashbench("bench", "--designs", "nope", tmp_path=tmp_path), 2, "unknown design")
