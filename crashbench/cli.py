@@ -20,7 +20,7 @@ from crashbench.errors import CrashbenchError, ExitCode, RunAborted, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
-from crashbench.scenario import FAULT_SIGNALS, KILL_TARGETS, KILL_WHEN, SWEEPABLE, Scenario
+from crashbench.scenario import BROKER_FAULTS, FAULT_SIGNALS, KILL_TARGETS, KILL_WHEN, PERSISTENCE, SWEEPABLE, Scenario
 from crashbench.session import BUILTIN_ORDER, Options, evaluate, run_designs, run_sweep
 from crashbench.thresholds import Threshold
 from crashbench.workload import DISTRIBUTIONS
@@ -72,6 +72,13 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--retry-jitter", "retry_jitter", float, "Plus up to this fraction of the delay at random (queue.retry_jitter)."),
     ("--heartbeat-every", "heartbeat_every", float, "Heartbeat inside handlers every N s; 0 = between jobs only (queue.heartbeat_every)."),
     ("--batch-size", "batch_size", int, "Jobs per round trip for the batching designs (queue.batch_size)."),
+    ("--broker-fault", "fault", click.Choice(BROKER_FAULTS), "Fault the server itself: kill it and restart it, or fail over to its replica (broker.fault)."),
+    ("--fault-at", "fault_at", float, "Seconds after the workers start when the broker fault strikes (broker.fault_at)."),
+    ("--downtime", "downtime", float, "Seconds a killed server stays down (broker.downtime)."),
+    ("--persistence", "persistence", click.Choice(PERSISTENCE), "Persistence of the embedded server (broker.persistence)."),
+    ("--produce-s", "produce_s", float, "With a broker fault, enqueue the jobs over this many seconds (broker.produce_s)."),
+    ("--wait-replicas", "wait_replicas", int, "WAIT for this many replicas after each enqueue, reliable design (broker.wait_replicas)."),
+    ("--wait-ms", "wait_ms", int, "... at most this many ms; later is indeterminate (broker.wait_ms)."),
     ("--drain-timeout", "drain_timeout", float, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
 ]  # fmt: skip
 

@@ -22,7 +22,8 @@ class Counts:
     dead_lettered: int = 0  # never completed; the queue dead-lettered it
     stranded: int = 0  # never completed, not dead; the queue still holds it after the final recovery
     failed: int = 0  # never completed, its handler raised or the queue recorded it failed, not dead-lettered
-    lost: int = 0  # never completed, and the queue has no trace of it
+    lost: int = 0  # never completed, and the queue has no trace of it (its enqueue was acknowledged)
+    unconfirmed: int = 0  # never completed, no trace, and its enqueue errored: it may never have been stored
     # events and anomalies
     duplicated: int = 0  # jobs completed more than once
     duplicated_overlapping: int = 0  # ... two of whose completions ran at the same time (a stolen live job)
@@ -41,10 +42,14 @@ class Counts:
     kills_mid_job: int = 0
     poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
     transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
+    # broker faults (a killed or failed-over server)
+    indeterminate: int = 0  # enqueues that errored or timed out (or were not replicated in time)
+    recovered: int = 0  # ... of which the job was done all the same
+    acks_lost: int = 0  # jobs completed (and acked) before the broker fault that ran again after it
     stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
 
     def outcome_total(self) -> int:
-        return self.done + self.dead_lettered + self.stranded + self.failed + self.lost
+        return self.done + self.dead_lettered + self.stranded + self.failed + self.lost + self.unconfirmed
 
     def problems(self) -> list[str]:
         """Arithmetic that must hold for any run; a non-empty list means crashbench itself is wrong."""
@@ -52,7 +57,8 @@ class Counts:
         if self.outcome_total() != self.enqueued:
             p.append(
                 f"done {self.done} + dead-lettered {self.dead_lettered} + stranded {self.stranded} "
-                f"+ failed {self.failed} + lost {self.lost} = {self.outcome_total()}, not enqueued {self.enqueued}"
+                f"+ failed {self.failed} + lost {self.lost} + unconfirmed {self.unconfirmed} = {self.outcome_total()}, "
+                f"not enqueued {self.enqueued}"
             )
         if self.duplicated_overlapping + self.duplicated_sequential != self.duplicated:
             p.append(
@@ -63,6 +69,8 @@ class Counts:
             p.append(f"stranded {self.stranded} but the locations add up to {sum(self.stranded_at.values())}")
         if self.duplicated > self.extra_executions:
             p.append(f"duplicated {self.duplicated} > extra executions {self.extra_executions}")
+        if self.recovered > self.indeterminate or self.unconfirmed > self.indeterminate:
+            p.append(f"recovered {self.recovered}, unconfirmed {self.unconfirmed} > indeterminate {self.indeterminate}")
         if self.kills_mid_job > self.kills:
             p.append(f"kills mid-job {self.kills_mid_job} > kills {self.kills}")
         return p
@@ -74,16 +82,26 @@ class Counts:
 
 
 def classify(
-    enqueued: Collection[str], completed: Counter[str], failed: set[str], queue: QueueState
+    enqueued: Collection[str],
+    completed: Counter[str],
+    failed: set[str],
+    queue: QueueState,
+    indeterminate: Collection[str] = (),
 ) -> dict[str, set[str]]:
-    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, failed, lost."""
+    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, failed,
+    then, for a job with no trace: unconfirmed if its enqueue errored (it may never have been stored),
+    else lost."""
     ids = set(enqueued)
     done = {j for j in ids if completed[j] > 0}
     dead = (queue.dead_lettered & ids) - done
     stranded = (set(queue.held) & ids) - done - dead
     gone = ids - done - dead - stranded
     failed = gone & (failed | queue.failed)
-    return {"done": done, "dead_lettered": dead, "stranded": stranded, "failed": failed, "lost": gone - failed}
+    unconfirmed = (gone - failed) & set(indeterminate)
+    return {
+        "done": done, "dead_lettered": dead, "stranded": stranded, "failed": failed,
+        "lost": gone - failed - unconfirmed, "unconfirmed": unconfirmed,
+    }  # fmt: skip
 
 
 def _overlapping(runs: list[Execution]) -> bool:
@@ -119,6 +137,8 @@ def count(
     kills_mid_job: int = 0,
     workload: Workload | None = None,
     settings: DesignSettings | None = None,
+    indeterminate: Collection[str] = (),
+    broker_fault: tuple[float, float] | None = None,  # (struck, server back), harness clock
 ) -> tuple[Counts, dict[str, set[str]]]:
     """The counts, and the ids behind each outcome class."""
     completions: dict[str, list[Execution]] = {}
@@ -137,7 +157,16 @@ def count(
     ids = set(enqueued)
     completed = Counter({j: len(runs) for j, runs in completions.items()})
     failed_ids = {ex.job for ex in failed_runs}
-    classes = classify(ids, completed, failed_ids, queue)
+    classes = classify(ids, completed, failed_ids, queue, indeterminate)
+    acks_lost = 0
+    if broker_fault is not None:
+        # Completed before the server was back, started again after the fault and after that
+        # completion: the server never kept (or never got) the ack.
+        fault, back = broker_fault
+        for j, runs in completions.items():
+            ends = [r.end for r in runs if r.end is not None and r.end < back]
+            if ends and any(t > max(fault, min(ends)) for t in starts[j]):
+                acks_lost += 1
     where = Counter(queue.held[j].split(":")[0] for j in classes["stranded"])
     dups = [j for j in ids if completed[j] > 1]
     overlapping = sum(1 for j in dups if _overlapping(completions[j]))
@@ -153,6 +182,7 @@ def count(
         stranded=len(classes["stranded"]),
         failed=len(classes["failed"]),
         lost=len(classes["lost"]),
+        unconfirmed=len(classes["unconfirmed"]),
         duplicated=len(dups),
         duplicated_overlapping=overlapping,
         duplicated_sequential=len(dups) - overlapping,
@@ -171,5 +201,8 @@ def count(
         poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload else 0,
         transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload else 0,
         stranded_at=dict(sorted(where.items())),
+        indeterminate=len(set(indeterminate) & ids),
+        recovered=len(set(indeterminate) & classes["done"]),
+        acks_lost=acks_lost,
     )
     return counts, classes

@@ -20,6 +20,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("enqueued", "enqueued"),
     ("done", "done"),
     ("lost", "lost"),
+    ("unconfirmed", "unconfirmed"),
     ("stranded", "stranded"),
     ("failed", "failed"),
     ("dead-lettered", "dead_lettered"),
@@ -34,10 +35,14 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  before their backoff", "early_retries"),
     ("unexpected", "unexpected"),
     ("interrupted", "interrupted"),
+    ("indeterminate enqueues", "indeterminate"),
+    ("  done all the same", "recovered"),
+    ("acks lost", "acks_lost"),
 )
-ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries"}
+ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost"}
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
+    "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries",
 }  # fmt: skip
@@ -121,6 +126,15 @@ def result_table(result: Result, plain: bool = False) -> Group:
     parts: list[Table | Text] = [table]
     for run in result.runs:
         name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
+        if (bf := run.broker_fault) is not None:
+            back = f", back at {bf.back_at:.2f} s" if bf.back_at is not None else ""
+            parts.append(
+                Text(
+                    f"{name}: broker {bf.kind} at {bf.at:.2f} s{back} ({bf.persistence} persistence); the queue held "
+                    f"{bf.held_at_fault} jobs then, {bf.acknowledged_before} enqueues acknowledged before",
+                    style="yellow",
+                )
+            )
         if not run.timings.drained:
             parts.append(
                 Text(

@@ -48,6 +48,19 @@ class KillRecord:
 
 
 @dataclass(slots=True)
+class BrokerFaultRecord:
+    """The broker fault as executed (crashbench.broker). Times are seconds since the workers started."""
+
+    kind: str  # "kill" | "failover"
+    persistence: str
+    at: float
+    held_at_fault: int  # jobs the queue held (its state()) just before the fault
+    held_ids: list[str]  # ... their ids (the first 100)
+    acknowledged_before: int  # enqueues acknowledged before the fault
+    back_at: float | None = None  # the restarted server (or the promoted replica) answered
+
+
+@dataclass(slots=True)
 class WorkerExit:
     """A worker that ended without being killed by a fault (a bug in a design, usually)."""
 
@@ -105,6 +118,7 @@ class DesignRun:
     kills: list[KillRecord]
     repeat: int = 0  # which repeat of the scenario this run is (0-based); its seed is the scenario's + repeat
     schedule: list[PlannedKill] = field(default_factory=list)  # the fault schedule the seed gave
+    broker_fault: BrokerFaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
     jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered / failed -> ids (100)

@@ -17,24 +17,27 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import TypeVar
 
 import psutil
 import redis
 
 from crashbench import counts as counting
 from crashbench import workdirs
+from crashbench.broker import Broker, Producer, wait_back
 from crashbench.designs import Design, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Ledger
-from crashbench.results import DesignRun, KillRecord, Timings, WorkerExit
+from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, Timings, WorkerExit
 from crashbench.scenario import Scenario
 from crashbench.supervisor import Supervisor, WorkerProcess
-from crashbench.worker import WorkerSpec, run_worker
+from crashbench.worker import DOWN, WorkerSpec, run_worker
 from crashbench.workload import job_ids
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
 
 
@@ -97,6 +100,7 @@ class CrashRun:
         variant: str = "",
         worker_python: WorkerPython | None = None,
         repeat: int = 0,
+        broker: Broker | None = None,
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
@@ -116,7 +120,12 @@ class CrashRun:
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
         self.ledger = Ledger(self.dir / "ledger")
-        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, scenario.settings(design_spec), scenario.workload())
+        self.broker = broker
+        url_file = str(broker.url_file) if broker else None
+        settings = scenario.settings(design_spec)
+        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
+        self.producer: Producer | None = None
+        self.broker_fault: BrokerFaultRecord | None = None
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
@@ -138,6 +147,8 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self._paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
+        self._fault_at: float | None = None  # when the broker fault struck (harness clock)
+        self._back_at: float | None = None  # when the server answered again
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -158,14 +169,17 @@ class CrashRun:
     def _execute(self) -> DesignRun:
         self.design.setup()
         ids = job_ids(self.sc.jobs)
-        for start in range(0, len(ids), 1000):
-            self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
+        if self.broker is None:
+            for start in range(0, len(ids), 1000):
+                self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
         self.t0 = self.clock()
         for slot in range(self.sc.workers):
             self.sup.spawn(slot)
         self._wait_ready()
 
         self.phase = "faults"
+        if self.broker is not None:
+            self._broker_phase(ids)
         for planned in plan_kills(self.sc):
             self.kills.append(self._inject(planned))
         faults_end = self.clock()
@@ -194,7 +208,7 @@ class CrashRun:
                 self.sup.thaw(w)
                 del self._paused[name]
         if now >= self._next_recover and self.phase != "starting":
-            self.design.recover(now)
+            self._tolerant(lambda: self.design.recover(now), None)
             self._next_recover = now + self.sc.recover_every
         self._report()
 
@@ -228,6 +242,53 @@ class CrashRun:
                 )
             if self.phase in ("starting", "faults", "draining"):
                 self.sup.spawn(w.slot)
+
+    def _tolerant(self, call: Callable[[], T], down: T) -> T:
+        """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
+        if self.broker is None:
+            return call()
+        try:
+            return call()
+        except DOWN:
+            return down
+
+    def _broker_phase(self, ids: list[str]) -> None:
+        """Produce during the run; kill (and restart) or fail over the server at `fault_at`."""
+        assert self.broker is not None
+        producer = self.producer = Producer(ids, self.sc.produce_s, self.t0)
+        due = self.t0 + self.sc.fault_at
+        back_due: float | None = None
+        while not producer.done or self.broker_fault is None or back_due is not None:
+            self._tick()
+            now = self.clock()
+            producer.produce(self.design, now)
+            if self.broker_fault is None and now >= due:
+                held = self._tolerant(lambda: self.design.state().held, {})
+                self.broker_fault = BrokerFaultRecord(
+                    self.sc.fault, self.sc.persistence, round(now - self.t0, 4), len(held), sorted(held)[:JOB_SAMPLE],
+                    len(producer.acknowledged),
+                )  # fmt: skip
+                self._fault_at = now
+                if self.sc.fault == "failover":
+                    self.broker.failover()
+                    self._reconnect()
+                else:
+                    self.broker.kill()
+                    back_due = now + self.sc.downtime
+            if back_due is not None and now >= back_due:
+                self.broker.restart()
+                wait_back(self.broker.url)
+                back_due = None
+            if self.broker_fault is not None and self.broker_fault.back_at is None and back_due is None:
+                self._back_at = self.clock()
+                self.broker_fault.back_at = round(self._back_at - self.t0, 4)
+            time.sleep(self.TICK)
+
+    def _reconnect(self) -> None:
+        """After a failover: the runner's own client and design, on the promoted replica."""
+        self.client.close()
+        self.client = redis.Redis.from_url(self.broker.url if self.broker else self.url, decode_responses=True)
+        self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:
         deadline = self.clock() + self.STARTUP_TIMEOUT
@@ -338,7 +399,7 @@ class CrashRun:
             if now >= next_check:
                 next_check = now + 0.02
                 busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
-                if not busy and self.design.backlog() == 0:
+                if not busy and self._tolerant(self.design.backlog, -1) == 0:
                     return True
             time.sleep(self.TICK)
         return False
@@ -363,6 +424,8 @@ class CrashRun:
             kills_mid_job=sum(k.mid_job for k in self.kills),
             workload=self.sc.workload(),
             settings=self.sc.settings(),
+            indeterminate=self.producer.indeterminate if self.producer else (),
+            broker_fault=(self._fault_at, self._back_at or self._fault_at) if self._fault_at is not None else None,
         )
         for k in self.kills:
             ready = self.ledger.ready_at(k.replacement) if k.replacement else None
@@ -401,6 +464,7 @@ class CrashRun:
             kills=self.kills,
             repeat=self.repeat,
             schedule=plan_kills(self.sc),
+            broker_fault=self.broker_fault,
             worker_exits=self.exits,
             duplicates=dict(sorted((j, n) for j, n in self.ledger.completed.items() if n > 1)[:JOB_SAMPLE]),
             workdir=str(self.dir) if self.keep_dir else None,

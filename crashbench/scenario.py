@@ -48,13 +48,16 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every", "batch_size"),
+    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
+BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, promote its replica
+PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
-    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target")
+    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target", "fault", "persistence")
 )  # fmt: skip
 
 
@@ -89,6 +92,14 @@ class Scenario:
     retry_jitter: float = 0.25
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     batch_size: int = 10  # jobs per round trip, for the batching designs
+    # broker: faults of the server itself (crashbench.broker); only on a server crashbench started
+    fault: str = "none"
+    fault_at: float = 1.0  # seconds after the workers start
+    downtime: float = 0.5  # seconds the server stays down before it is restarted (kill)
+    persistence: str = "none"  # of the embedded server: none, rdb (a snapshot every second), aof-everysec, aof-always
+    produce_s: float = 3.0  # with a broker fault the producer enqueues during the run, over this many seconds
+    wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
+    wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     # run
     # Observation window after the last fault, seconds; None: the design's own default
     # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
@@ -108,6 +119,8 @@ class Scenario:
             retry_jitter=self.retry_jitter,
             heartbeat_every=self.heartbeat_every,
             batch_size=self.batch_size,
+            wait_replicas=self.wait_replicas,
+            wait_ms=self.wait_ms,
         )
 
     def workload(self) -> Workload:
@@ -183,6 +196,16 @@ class Scenario:
             p.append(f"queue.retry_factor must be a number >= 1, not {self.retry_factor!r}")
         _non_negative(p, "queue.retry_jitter", self.retry_jitter)
         _non_negative(p, "queue.heartbeat_every", self.heartbeat_every)
+        if self.fault not in BROKER_FAULTS:
+            p.append(f"broker.fault must be one of {', '.join(BROKER_FAULTS)}, not {self.fault!r}")
+        if self.persistence not in PERSISTENCE:
+            p.append(f"broker.persistence must be one of {', '.join(PERSISTENCE)}, not {self.persistence!r}")
+        _non_negative(p, "broker.fault_at", self.fault_at)
+        _positive(p, "broker.downtime", self.downtime)
+        _positive(p, "broker.produce_s", self.produce_s)
+        if not isinstance(self.wait_replicas, int) or isinstance(self.wait_replicas, bool) or self.wait_replicas < 0:
+            p.append(f"broker.wait_replicas must be a whole number >= 0, not {self.wait_replicas!r}")
+        _positive_int(p, "broker.wait_ms", self.wait_ms)
         _positive_int(p, "queue.batch_size", self.batch_size)
         if self.drain_timeout is not None:
             _positive(p, "run.drain_timeout", self.drain_timeout)

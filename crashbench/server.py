@@ -81,9 +81,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Persistence modes of the embedded server (scenario broker.persistence) as server arguments. rdb
+# snapshots every second with at least one change: the stock "save 3600 1 ..." would never snapshot
+# within a crash test.
+PERSISTENCE_ARGS: dict[str, list[str]] = {
+    "none": ["--save", "", "--appendonly", "no"],
+    "rdb": ["--save", "1 1", "--appendonly", "no"],
+    "aof-everysec": ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"],
+    "aof-always": ["--save", "", "--appendonly", "yes", "--appendfsync", "always"],
+}
+
+
 class EmbeddedServer:
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, persistence: str = "none", replica_of: int | None = None) -> None:
         self.binary = binary
+        self.persistence = persistence
+        self.replica_of = replica_of  # the primary's port, for a replica
         self.dir = workdirs.make("server")
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -92,39 +105,46 @@ class EmbeddedServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def _args(self, log: Path) -> list[str]:
+        args = [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--logfile", str(log), "--daemonize", "no", *PERSISTENCE_ARGS[self.persistence]]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        return args
+
+    def kill(self) -> None:
+        """SIGKILL the server: what it had not persisted is gone; its files stay for `restart`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start it again on the same port and data directory; it loads what it had persisted."""
+        log = self.dir / "server.log"
+        self.proc = self._popen(self._args(log))
+        if not self._wait_ready(timeout):
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise ServerUnavailable(f"{self.binary} did not come back on port {self.port}:\n{tail.strip()}")
+
+    def _popen(self, args: list[str]) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot start {self.binary}: {exc.strerror}", hint="check --server") from None
+
     def start(self, timeout: float = 10.0) -> None:
         last_log = ""
         for _ in range(3):  # a free port can be taken between the probe and the bind: try another
             self.port = _free_port()
             log = self.dir / "server.log"
-            args = [
-                str(self.binary),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-                "--logfile",
-                str(log),
-                "--daemonize",
-                "no",
-            ]
-            try:
-                self.proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
-            except OSError as exc:
-                raise ServerUnavailable(f"cannot start {self.binary}: {exc.strerror}", hint="check --server") from None
+            self.proc = self._popen(self._args(log))
             if self._wait_ready(timeout):
                 return
             last_log = log.read_text(errors="replace")[-2000:] if log.exists() else ""
@@ -178,8 +198,10 @@ def describe(url: str, mode: str, binary: str | None) -> ServerInfo:
 
 
 @contextlib.contextmanager
-def open_server(redis_url: str | None = None, binary: str | None = None) -> Iterator[ServerInfo]:
-    """The server for a session: the one at `redis_url`, or a private one stopped on exit."""
+def open_server(
+    redis_url: str | None = None, binary: str | None = None, persistence: str = "none"
+) -> Iterator[ServerInfo]:
+    """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped on exit."""
     if redis_url:
         try:
             info = describe(redis_url, "external", None)
@@ -192,7 +214,7 @@ def open_server(redis_url: str | None = None, binary: str | None = None) -> Iter
             raise ServerUnavailable(f"bad --redis-url {redis_url!r}: {exc}") from None
         yield info
         return
-    server = EmbeddedServer(find_server_binary(binary))
+    server = EmbeddedServer(find_server_binary(binary), persistence)
     try:
         server.start()
         assert server.proc is not None

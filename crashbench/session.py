@@ -16,6 +16,7 @@ from importlib import metadata
 import redis
 
 from crashbench import workdirs
+from crashbench.broker import broker_servers
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.interpreter import WorkerPython
@@ -85,7 +86,18 @@ def replay_scenario(result: Result, index: int) -> Scenario:
 def _check_designs(plan: Plan, options: Options) -> list[str]:
     """Usage errors before any server starts; returns the libraries the workers must import."""
     libraries = []
-    for _, spec, _ in plan:
+    for scenario, spec, _ in plan:
+        if options.redis_url and scenario.persistence != "none":
+            raise UsageError(
+                f"persistence {scenario.persistence} configures the server: "
+                "crashbench does that only to a server it started",
+                hint="leave out --redis-url",
+            )
+        if options.redis_url and scenario.fault != "none":
+            raise UsageError(
+                f"a broker fault ({scenario.fault}) kills the server: crashbench does that only to a server it started",
+                hint="leave out --redis-url (each run then gets a private server with the scenario's persistence)",
+            )
         cls = load_design(spec)
         if options.redis_url and not cls.namespaced:
             raise UsageError(
@@ -127,17 +139,25 @@ def _run_on_server(
     versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
-    with open_server(options.redis_url, options.server_binary) as server:
+    with open_server(options.redis_url, options.server_binary, base.persistence) as server:
         runs = []
         try:
             for repeat in range(options.repeat):
                 for index, (scenario, spec, variant) in enumerate(plan):
-                    crash = CrashRun(
-                        scenario.with_overrides(seed=scenario.seed + repeat), spec, server.url, run_id,
-                        progress=options.progress, stop=options.stop, keep_dir=options.keep,
-                        index=repeat * len(plan) + index, variant=variant, worker_python=worker_python, repeat=repeat,
-                    )  # fmt: skip
-                    runs.append(crash.execute())
+                    with contextlib.ExitStack() as own:
+                        url, broker = server.url, None
+                        if scenario.fault != "none":  # a fresh server per run, which the run may kill
+                            broker = own.enter_context(
+                                broker_servers(scenario.fault, scenario.persistence, options.server_binary)
+                            )
+                            url = broker.url
+                        crash = CrashRun(
+                            scenario.with_overrides(seed=scenario.seed + repeat), spec, url, run_id,
+                            progress=options.progress, stop=options.stop, keep_dir=options.keep,
+                            index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
+                            repeat=repeat, broker=broker,
+                        )  # fmt: skip
+                        runs.append(crash.execute())
         except redis.ConnectionError as exc:
             raise ServerUnavailable(f"lost the server at {server.url}: {exc}") from None
         finally:

@@ -13,12 +13,14 @@ Under `--worker-python` the forked process execs `python -m crashbench.worker SP
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -28,6 +30,10 @@ import redis
 from crashbench.designs import Design, DesignSettings, Job, LibraryDesign, load_design
 from crashbench.ledger import LedgerWriter
 from crashbench.workload import Workload
+
+RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
+# What a client sees while the server is down, restarting, loading its data or demoted.
+DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,7 @@ class WorkerSpec:
     settings: DesignSettings
     workload: Workload
     fetch_timeout: float = 0.1  # also bounds how late a worker notices a stop request
+    url_file: str | None = None  # with a broker fault: where the current server's URL is (failover)
 
     def to_json(self, design_spec: str) -> str:
         """For a worker that is not a fork of the harness; `design_spec` is how load_design finds the class."""
@@ -51,6 +58,7 @@ class WorkerSpec:
                 "settings": dataclasses.asdict(self.settings),
                 "workload": self.workload.to_json(),
                 "fetch_timeout": self.fetch_timeout,
+                "url_file": self.url_file,
             }
         )
 
@@ -64,6 +72,7 @@ class WorkerSpec:
             DesignSettings(**d["settings"]),
             Workload.from_json(d["workload"]),
             d["fetch_timeout"],
+            d.get("url_file"),
         )
 
 
@@ -102,6 +111,59 @@ def wait_gate(gate: int | None) -> None:
         os.read(gate, 1)
 
 
+def run_batch(spec: WorkerSpec, design: Design, name: str, ledger: LedgerWriter, clock: Callable[[], float]) -> None:
+    """One fetch: run its jobs in order, writing the ledger as they go, then ack the finished ones.
+    A batching design hands over several jobs at once; they are acked together after the last one
+    ran, so a kill in between runs the finished ones again (bounded by the batch size)."""
+    finished = []
+    jobs = design.fetch_batch(name, spec.fetch_timeout, clock())
+    started = False  # whether the current job's start record is written already
+    for i, job in enumerate(jobs):
+        if not started:
+            ledger.start(job.id, clock())
+        started = False
+        # The ledger's end record is the handler's side effect; it is written before the ack.
+        if run_handler(spec, design, name, job):
+            if i + 1 < len(jobs):
+                ledger.end_and_start(job.id, clock(), jobs[i + 1].id)
+                started = True
+            else:
+                ledger.end(job.id, clock())
+            finished.append(job)
+        else:
+            ledger.fail(job.id, clock())
+            design.fail(name, job, clock())
+    if finished:
+        design.ack_batch(name, finished, clock())
+
+
+class Connector:
+    """The worker's client and design, made again after a connection error, from the address file
+    when there is one (a failover moves the server), with backoff, for at most RECONNECT_S."""
+
+    def __init__(self, spec: WorkerSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+
+    def design(self) -> Design:
+        url = Path(self.spec.url_file).read_text().strip() if self.spec.url_file else self.spec.redis_url
+        return self.spec.design(redis.Redis.from_url(url, decode_responses=True), self.spec.prefix, self.spec.settings)
+
+    def again(self) -> Design:
+        deadline, pause = time.monotonic() + RECONNECT_S, 0.01
+        while True:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+            design = self.design()
+            try:
+                design.r.ping()
+                return design
+            except DOWN:
+                design.r.close()
+                if time.monotonic() > deadline:
+                    raise
+
+
 def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, gate: int | None = None) -> int:
     if spec.design.own_worker:
         return serve_library(spec, name, ledger_path)
@@ -115,40 +177,28 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     signal.signal(signal.SIGINT, request_stop)
 
     clock = time.monotonic
-    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
-    design = spec.design(client, spec.prefix, spec.settings)
+    connect = Connector(spec, name)
+    design = connect.design()
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, clock())
     ledger.ready(clock())
     wait_gate(gate)
 
     while not stopping and os.getppid() == parent_pid:
-        finished = []
-        # A batching design hands over several jobs at once; they are acked together after the last
-        # one ran, so a kill in between runs the finished ones again (bounded by the batch size).
-        jobs = design.fetch_batch(name, spec.fetch_timeout, clock())
-        started = False  # whether the current job's start record is written already
-        for i, job in enumerate(jobs):
-            if not started:
-                ledger.start(job.id, clock())
-            started = False
-            # The ledger's end record is the handler's side effect; it is written before the ack.
-            if run_handler(spec, design, name, job):
-                if i + 1 < len(jobs):
-                    ledger.end_and_start(job.id, clock(), jobs[i + 1].id)
-                    started = True
-                else:
-                    ledger.end(job.id, clock())
-                finished.append(job)
-            else:
-                ledger.fail(job.id, clock())
-                design.fail(name, job, clock())
-        if finished:
-            design.ack_batch(name, finished, clock())
+        try:
+            run_batch(spec, design, name, ledger, clock)
+        except DOWN:
+            # The server is down, restarting or failed over. Once it answers again, what this worker
+            # still holds there (a job whose ack did not get through) is not being worked on: hand it
+            # back, as on a graceful stop, and start over. Those jobs run again (acks lost).
+            design = connect.again()
+            with contextlib.suppress(*DOWN):
+                design.stop_worker(name, clock())
+                design.start_worker(name, clock())
     if stopping:
         design.stop_worker(name, clock())
     ledger.close()
-    client.close()
+    design.r.close()
     return 0
 
 

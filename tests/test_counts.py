@@ -30,6 +30,7 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
         "stranded": {"c", "d"},
         "failed": {"g"},
         "lost": {"f"},
+        "unconfirmed": set(),
     }
     assert (c.failed_attempts, c.retried) == (1, 0)
     assert c.stranded_at == {"pel": 1, "processing": 1}
@@ -91,3 +92,20 @@ def test_failing_jobs_are_a_deterministic_share_of_the_workload() -> None:
     assert all(w.fails(j, 1) and not w.fails(j, 2) for j in transient)
     other_seed = Workload(poison_rate=0.01, seed=8)
     assert poison != [j for j in ids if other_seed.is_poison(j)]
+
+
+def test_broker_fault_counts_indeterminate_enqueues_and_lost_acks() -> None:
+    # a: acknowledged, done before the fault (t=2), run again after the server came back (t=3): ack lost.
+    # b: acknowledged, no trace: lost. c: indeterminate, done all the same: recovered. d: indeterminate,
+    # no trace: unconfirmed, not lost (it may never have been stored).
+    executions = [
+        Execution("a", "w0", 0.5, 1.0),
+        Execution("a", "w1", 3.5, 3.6),
+        Execution("c", "w0", 2.5, 2.6),
+    ]
+    c, classes = count(
+        ["a", "b", "c", "d"], executions, QueueState(), indeterminate={"c", "d"}, broker_fault=(2.0, 3.0)
+    )
+    assert (classes["lost"], classes["unconfirmed"], classes["done"]) == ({"b"}, {"d"}, {"a", "c"})
+    assert (c.lost, c.unconfirmed, c.indeterminate, c.recovered, c.acks_lost) == (1, 1, 2, 1, 1)
+    assert c.duplicated == 1 and c.problems() == []

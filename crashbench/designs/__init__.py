@@ -36,6 +36,11 @@ def observe_for(documented_s: float) -> float:
     return min(OBSERVE_CAP, documented_s + OBSERVE_MARGIN)
 
 
+class EnqueueUnconfirmed(Exception):
+    """The server took the enqueue but could not confirm it durable as asked (WAIT timed out): the
+    producer must count it indeterminate, not acknowledged."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One unit of work. `id` is unique per run; `receipt` is whatever `ack` needs (design-private)."""
@@ -58,6 +63,8 @@ class DesignSettings:
     retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
     batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
+    wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
+    wait_ms: int = 100
     # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -24,7 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, QueueState
 
 if TYPE_CHECKING:
     import redis
@@ -116,7 +116,13 @@ class ReliableQueue(Design):
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             pipe.lpush(self.key("pending"), json.dumps({"id": job.id, "payload": job.payload, "attempts": 0}))
-        pipe.execute()
+        if self.settings.wait_replicas:
+            # Durable only once a replica has it: a failover before that loses an acknowledged job.
+            pipe.wait(self.settings.wait_replicas, self.settings.wait_ms)
+        replies = pipe.execute()
+        wanted = self.settings.wait_replicas
+        if wanted and replies[-1] < wanted:
+            raise EnqueueUnconfirmed(f"{replies[-1]} of {wanted} replicas in {self.settings.wait_ms} ms")
 
     def start_worker(self, worker: str, now: float) -> None:
         pipe = self.r.pipeline(transaction=False)

@@ -112,6 +112,20 @@ class StreamQueue(Design):
         pipe.execute()
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        try:
+            return self._fetch(worker, timeout, now)
+        except redis.ResponseError as exc:
+            self._regroup(exc)
+            return None
+
+    def _regroup(self, exc: redis.ResponseError) -> None:
+        """A server that lost its data (restarted without persistence) has no group: make it again,
+        as a consumer does on NOGROUP. Anything else is a real error."""
+        if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+            raise exc
+        self.setup()
+
+    def _fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         if now >= self._next_claim:
             claimed = self._claim(
                 keys=[self.key("stream"), self.key("dead"), self.key("requeued"), self.key("stats")],
@@ -162,9 +176,15 @@ class StreamQueue(Design):
         return int(info["pending"]) + int(lag) + int(self.r.zcard(self.key("delayed")))
 
     def _group(self) -> dict:
-        for info in self.r.xinfo_groups(self.key("stream")):
-            if info["name"] == GROUP:
-                return info
+        for _ in range(2):
+            try:
+                for info in self.r.xinfo_groups(self.key("stream")):
+                    if info["name"] == GROUP:
+                        return info
+            except redis.ResponseError as exc:
+                self._regroup(exc)
+                continue
+            self.setup()  # the stream came back (an XADD) without its group
         raise RuntimeError(f"consumer group {GROUP!r} is missing on {self.key('stream')}")
 
     def state(self) -> QueueState:

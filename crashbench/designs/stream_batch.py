@@ -42,6 +42,13 @@ class StreamBatchQueue(StreamQueue):
         self._batch: list[str] = []  # entry ids of the batch this consumer holds, for the heartbeat
 
     def fetch_batch(self, worker: str, timeout: float, now: float) -> list[Job]:
+        try:
+            return self._fetch_batch(worker, timeout, now)
+        except redis.ResponseError as exc:
+            self._regroup(exc)
+            return []
+
+    def _fetch_batch(self, worker: str, timeout: float, now: float) -> list[Job]:
         self._batch = []
         n = self.settings.batch_size
         if now >= self._next_claim:

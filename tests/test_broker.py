@@ -1,0 +1,68 @@
+"""Broker faults: the server itself is SIGKILLed (and restarted with what its persistence kept) or
+failed over to its replica, mid-run. Real servers, real signals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from crashbench.errors import UsageError
+from crashbench.scenario import Scenario
+from crashbench.session import Options, run_designs
+
+
+@pytest.fixture
+def backlog(small: Scenario) -> Scenario:
+    """Production done in 0.5 s and workers far behind it: the queue holds a backlog at the fault."""
+    return dataclasses.replace(
+        small, jobs=600, job_ms=20, kills=0, fault="kill", fault_at=0.8, downtime=0.3, produce_s=0.5
+    )
+
+
+def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenario) -> None:
+    sc = dataclasses.replace(backlog, persistence="aof-always")
+    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.count_problems == []
+    assert bf is not None and bf.kind == "kill" and bf.held_at_fault > 0 and bf.back_at is not None
+    assert c.lost == 0 and c.stranded == 0
+    assert c.done + c.unconfirmed == c.enqueued == 600
+    assert c.done >= bf.acknowledged_before  # everything acknowledged was done, kill or not
+    # The ledger is files, not the server: executions from before the kill are all still counted.
+    assert c.executions >= c.done and run.timings.drained
+
+
+def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlog: Scenario) -> None:
+    # naive holds only waiting jobs (a popped job is in its worker's hands, not in Redis), and production
+    # ended before the fault: exactly the jobs in the queue at that moment must be reported lost.
+    run = run_designs(backlog, ["naive"], Options()).runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.count_problems == []
+    assert bf is not None and bf.acknowledged_before == 600 and c.indeterminate == 0
+    assert bf.held_at_fault > 100  # what the runner read from Redis (state()) just before the SIGKILL
+    assert c.lost == bf.held_at_fault
+    assert run.jobs["lost"] == bf.held_ids  # the same ids (both samples are the first 100, sorted)
+    assert c.done == 600 - c.lost
+
+
+def test_a_failover_with_wait_loses_no_acknowledged_job(backlog: Scenario) -> None:
+    sc = dataclasses.replace(backlog, fault="failover", produce_s=1.2, wait_replicas=1, wait_ms=100)
+    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.count_problems == []
+    assert bf is not None and bf.kind == "failover"
+    assert c.lost == 0 and c.stranded == 0
+    # After the failover the new primary has no replica: WAIT confirms nothing, so those enqueues are
+    # indeterminate — and were done all the same.
+    assert c.indeterminate > 0 and c.recovered == c.indeterminate - c.unconfirmed
+
+
+def test_broker_faults_and_persistence_are_refused_on_a_server_crashbench_does_not_own(
+    valkey_url: str, backlog: Scenario
+) -> None:
+    with pytest.raises(UsageError, match="only to a server it started"):
+        run_designs(backlog, ["reliable"], Options(redis_url=valkey_url))
+    sc = dataclasses.replace(backlog, fault="none", persistence="aof-always")
+    with pytest.raises(UsageError, match="only to a server it started"):
+        run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
