@@ -4,7 +4,9 @@
               directory, so it comes back with what its persistence mode kept (none, rdb, aof-*).
     failover  a primary with one replica: SIGKILL the primary, REPLICAOF NO ONE on the replica, and
               point everyone at it (the runner re-creates its client; workers re-read the address
-              file on their next connection error).
+              file on their next connection error). With `replica_lag` the replica stops following
+              the primary that long before, so what the primary acknowledged meanwhile never reaches
+              it (asynchronous replication, behind a partition).
 
 With a broker fault the producer enqueues during the run (`produce_s`), ten jobs per call, so some
 enqueues meet the fault: one that returned is *acknowledged*; one that raised, timed out, or was not
@@ -50,17 +52,28 @@ class Broker:
     def restart(self) -> None:
         self.primary.restart()
 
+    def cut_replica(self) -> None:
+        """The replica stops following the primary: what the primary acknowledges from now on never
+        reaches it, as behind a partition. (Pausing the replica would not do: what the primary sent
+        waits in the replica's socket buffer and is applied once it resumes.)"""
+        assert self.replica is not None
+        self._promote(self.replica)
+
     def failover(self) -> None:
         """Kill the primary and promote the replica; the address file then names the replica."""
         assert self.replica is not None
         self.primary.kill()
-        client = redis.Redis.from_url(self.replica.url, socket_timeout=5)
+        self._promote(self.replica)
+        self.primary, self.replica = self.replica, None
+        self.url_file.write_text(self.primary.url)
+
+    @staticmethod
+    def _promote(server: EmbeddedServer) -> None:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
         try:
             client.replicaof("NO", "ONE")
         finally:
             client.close()
-        self.primary, self.replica = self.replica, None
-        self.url_file.write_text(self.primary.url)
 
 
 class Producer:
@@ -80,8 +93,9 @@ class Producer:
         return self.next >= len(self.jobs)
 
     def produce(self, design: Design, now: float) -> None:
-        """Enqueue every chunk that is due by `now`."""
-        while not self.done and now >= self.start + (self.next // CHUNK) * self.every:
+        """Enqueue the next chunk if it is due by `now`: one per call, so that a slow enqueue (a WAIT
+        that times out) holds back the producer, never the runner's loop."""
+        if not self.done and now >= self.start + (self.next // CHUNK) * self.every:
             chunk = self.jobs[self.next : self.next + CHUNK]
             self.next += CHUNK
             ids = {job.id for job in chunk}

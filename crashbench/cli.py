@@ -79,6 +79,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--produce-s", "produce_s", float, "With a broker fault, enqueue the jobs over this many seconds (broker.produce_s)."),
     ("--wait-replicas", "wait_replicas", int, "WAIT for this many replicas after each enqueue, reliable design (broker.wait_replicas)."),
     ("--wait-ms", "wait_ms", int, "... at most this many ms; later is indeterminate (broker.wait_ms)."),
+    ("--replica-lag", "replica_lag", float, "Failover: the replica stops following the primary this many s before it dies (broker.replica_lag)."),
     ("--drain-timeout", "drain_timeout", float, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
 ]  # fmt: skip
 

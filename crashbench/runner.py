@@ -257,11 +257,15 @@ class CrashRun:
         assert self.broker is not None
         producer = self.producer = Producer(ids, self.sc.produce_s, self.t0)
         due = self.t0 + self.sc.fault_at
+        lag_due = due - self.sc.replica_lag if self.sc.replica_lag else None
         back_due: float | None = None
         while not producer.done or self.broker_fault is None or back_due is not None:
             self._tick()
             now = self.clock()
             producer.produce(self.design, now)
+            if lag_due is not None and now >= lag_due:
+                self.broker.cut_replica()
+                lag_due = None
             if self.broker_fault is None and now >= due:
                 held = self._tolerant(lambda: self.design.state().held, {})
                 self.broker_fault = BrokerFaultRecord(

@@ -48,7 +48,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every", "batch_size"),
-    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms"),
+    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
 BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, promote its replica
@@ -100,6 +100,7 @@ class Scenario:
     produce_s: float = 3.0  # with a broker fault the producer enqueues during the run, over this many seconds
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
+    replica_lag: float = 0.0  # failover: the replica stops following the primary this long before it dies
     # run
     # Observation window after the last fault, seconds; None: the design's own default
     # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
@@ -206,6 +207,11 @@ class Scenario:
         if not isinstance(self.wait_replicas, int) or isinstance(self.wait_replicas, bool) or self.wait_replicas < 0:
             p.append(f"broker.wait_replicas must be a whole number >= 0, not {self.wait_replicas!r}")
         _positive_int(p, "broker.wait_ms", self.wait_ms)
+        _non_negative(p, "broker.replica_lag", self.replica_lag)
+        if self.replica_lag and self.fault != "failover":
+            p.append('broker.replica_lag is for fault = "failover" (a replica that falls behind its primary)')
+        if self.replica_lag > self.fault_at:
+            p.append(f"broker.replica_lag {self.replica_lag} must not be longer than broker.fault_at {self.fault_at}")
         _positive_int(p, "queue.batch_size", self.batch_size)
         if self.drain_timeout is not None:
             _positive(p, "run.drain_timeout", self.drain_timeout)
