@@ -48,7 +48,7 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
 
 def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it(backlog: Scenario) -> None:
     # The replica stops following 0.3 s before the primary dies; production goes on past the fault.
-    sc = dataclasses.replace(backlog, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
+    sc = dataclasses.replace(backlog, jobs=300, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
     plain = run_designs(sc, ["reliable"], Options()).runs[0]
     c, bf = plain.counts, plain.broker_fault
     assert plain.count_problems == [] and bf is not None and bf.kind == "failover"

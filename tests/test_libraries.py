@@ -181,3 +181,22 @@ def test_default_observation_window_follows_each_library_documented_timing(small
         "arq": 300.0,  # job_timeout 300 + 10 s: capped
         "arq:reliable": pytest.approx(0.3 + 10 + 0.5 + 10),
     }
+
+
+@pytest.mark.parametrize(
+    "design",
+    [
+        pytest.param("rq:reliable", marks=installed("rq")),
+        pytest.param("dramatiq:reliable", marks=installed("dramatiq")),
+    ],
+)
+def test_library_retries_tell_the_handler_its_attempt(small: Scenario, design: str) -> None:
+    # A transient job fails on its first attempt only: the library's retry must run it as attempt 2,
+    # so it is done, not failed again and again.
+    sc = dataclasses.replace(small, jobs=60, kills=0, transient_rate=0.2, retry_base=0.05, drain_timeout=20)
+    run = run_designs(sc, [design], Options()).runs[0]
+    c = run.counts
+    assert run.count_problems == []
+    assert c.transient_jobs > 0
+    assert (c.failed_attempts, c.retried) == (c.transient_jobs, c.transient_jobs)
+    assert c.done == c.enqueued == 60 and (c.failed, c.lost, c.dead_lettered) == (0, 0, 0)

@@ -15,7 +15,9 @@ put back by a maintenance pass, which each fetch runs with probability maintenan
 
     dramatiq            as installed: heartbeat_timeout 60 s, maintenance_chance 1000 (0.1% of
                         fetches), Retries middleware defaults
-    dramatiq:reliable   heartbeat_timeout = queue.stale_after, maintenance on every fetch
+    dramatiq:reliable   heartbeat_timeout = queue.stale_after, maintenance on every fetch, and the
+                        Retries middleware on crashbench's schedule: max_retries = max_attempts - 1,
+                        min_backoff = retry_base
 """
 
 from __future__ import annotations
@@ -29,11 +31,20 @@ from typing import ClassVar
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage
 
 from crashbench.designs import OBSERVE_MARGIN, DesignSettings, Job, LibraryDesign, QueueState, observe_for
 from crashbench.task import handle
 
 QUEUE = "jobs"
+
+
+def run_message(job_id: str) -> None:
+    """Dramatiq's actor: crashbench's handler, told which attempt this is (the Retries middleware counts
+    the retries in the message; a redelivery after a dead worker is not a retry to Dramatiq)."""
+    message = CurrentMessage.get_current_message()
+    retries = int(message.options.get("retries", 0)) if message is not None else 0
+    handle(job_id, attempt=retries + 1)
 
 
 class DramatiqQueue(LibraryDesign):
@@ -50,9 +61,18 @@ class DramatiqQueue(LibraryDesign):
             options = {"heartbeat_timeout": int(settings.stale_after * 1000), "maintenance_chance": 1_000_000}
         options.update(settings.options)  # the scenario's [library.<design>]: RedisBroker arguments
         self.broker = RedisBroker(url=self.url(), namespace=self.ns, **options)
+        self.broker.add_middleware(CurrentMessage())
+        retry_options = {}
+        if self.reliable:  # retries on crashbench's schedule, not Dramatiq's 15 s minimum backoff
+            base_ms = int(settings.retry_base * 1000)
+            retry_options = {
+                "max_retries": settings.max_attempts - 1, "min_backoff": base_ms,
+                "max_backoff": int(base_ms * settings.retry_factor ** settings.max_attempts),
+            }  # fmt: skip
         self.actor = dramatiq.Actor(
-            handle, broker=self.broker, actor_name="crashbench_handle", queue_name=QUEUE, priority=0, options={}
-        )
+            run_message, broker=self.broker, actor_name="crashbench_handle", queue_name=QUEUE, priority=0,
+            options=retry_options,
+        )  # fmt: skip
 
     def observe_window(self) -> float:
         # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in a

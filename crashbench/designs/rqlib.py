@@ -2,7 +2,7 @@
 
 Keys: RQ's own layout, outside crashbench's namespace (so these designs refuse --redis-url):
     rq:queue:<Q>        list of job ids waiting        (Q = crashbench-<run>-<index>-<design>)
-    rq:job:<Q>-<id>     hash: the job (func crashbench.task.handle, args (id,))
+    rq:job:<Q>-<id>     hash: the job (func crashbench.designs.rqlib.run_job, args (id,))
     rq:wip:<Q>          StartedJobRegistry: executing, scored by heartbeat expiry
     rq:scheduled:<Q>    ScheduledJobRegistry: retries waiting for their interval (rq:reliable)
     rq:failed:<Q>       FailedJobRegistry: failed, including abandoned jobs (AbandonedJobError)
@@ -26,10 +26,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import redis
-from rq import Queue, Retry, Worker
+from rq import Queue, Retry, Worker, get_current_job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.task import handle
+
+
+def run_job(job_id: str) -> None:
+    """RQ's task: crashbench's handler, told which attempt this is. RQ counts `retries_left` down from
+    the Retry's max (kept in the job's meta at enqueue), so the attempt is max - left + 1."""
+    job = get_current_job()
+    retries = int(job.meta.get("retries", 0)) if job is not None else 0
+    left = job.retries_left if job is not None and job.retries_left is not None else retries
+    handle(job_id, attempt=retries - left + 1)
 
 
 class RQQueue(LibraryDesign):
@@ -71,11 +81,12 @@ class RQQueue(LibraryDesign):
         retry = Retry(max=retries) if retries else None
         data = [
             Queue.prepare_data(
-                "crashbench.task.handle",
+                "crashbench.designs.rqlib.run_job",
                 args=(j.id,),
                 job_id=self._rq_id(j.id),
                 retry=retry,
                 timeout=self._option("job_timeout", None),
+                meta={"retries": retries},
             )
             for j in jobs
         ]
