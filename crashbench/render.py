@@ -10,8 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from crashbench.bench import BenchResult
-from crashbench.results import DesignRun, Result, ThresholdResult, group
+from crashbench.results import BenchResult, DesignRun, Result, ThresholdResult, group
 from crashbench.results import label as label_of
 from crashbench.runner import Progress
 
