@@ -48,65 +48,6 @@ if raw then return raw end
 return redis.call('LMOVE', KEYS[2], KEYS[3], 'RIGHT', 'LEFT')
 """
 
-# reliable's reaper, returning each job to the list of its priority.
-# KEYS: processing, high, low, dead, requeued, stats, heartbeats
-# ARGV: max_attempts, worker, stale_before (a beat older than this is stale)
-REAP = """
-local beat = tonumber(redis.call('HGET', KEYS[7], ARGV[2]))
-if beat and beat >= tonumber(ARGV[3]) then return {0, 0} end
-local moved, dead = 0, 0
-while true do
-  local raw = redis.call('RPOP', KEYS[1])
-  if not raw then break end
-  local job = cjson.decode(raw)
-  job.attempts = job.attempts + 1
-  if job.attempts >= tonumber(ARGV[1]) then
-    redis.call('LPUSH', KEYS[4], cjson.encode(job))
-    dead = dead + 1
-  else
-    redis.call('RPUSH', job.priority == 'high' and KEYS[2] or KEYS[3], cjson.encode(job))
-    redis.call('SADD', KEYS[5], job.id)
-    moved = moved + 1
-  end
-end
-if moved > 0 then redis.call('HINCRBY', KEYS[6], 'requeue_events', moved) end
-if dead > 0 then redis.call('HINCRBY', KEYS[6], 'dead_lettered', dead) end
-redis.call('HDEL', KEYS[7], ARGV[2])
-return {moved, dead}
-"""
-
-# KEYS: delayed, high, low; ARGV: now, batch size
-PROMOTE = """
-local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
-for _, raw in ipairs(due) do
-  redis.call('ZREM', KEYS[1], raw)
-  redis.call('LPUSH', cjson.decode(raw).priority == 'high' and KEYS[2] or KEYS[3], raw)
-end
-return #due
-"""
-
-# KEYS: high, low, delayed, workers; ARGV: prefix for processing lists
-BACKLOG = """
-local n = redis.call('LLEN', KEYS[1]) + redis.call('LLEN', KEYS[2]) + redis.call('ZCARD', KEYS[3])
-for _, w in ipairs(redis.call('SMEMBERS', KEYS[4])) do
-  n = n + redis.call('LLEN', ARGV[1] .. w)
-end
-return n
-"""
-
-# KEYS: processing, high, low, heartbeats; ARGV: worker. A graceful exit hands back what it holds.
-HAND_BACK = """
-local n = 0
-while true do
-  local raw = redis.call('RPOP', KEYS[1])
-  if not raw then break end
-  redis.call('LPUSH', cjson.decode(raw).priority == 'high' and KEYS[2] or KEYS[3], raw)
-  n = n + 1
-end
-redis.call('HDEL', KEYS[4], ARGV[1])
-return n
-"""
-
 
 def priority_of(payload: str) -> Priority:
     """A payload asks for high priority with a JSON object holding "priority": "high"; anything else,
@@ -120,7 +61,11 @@ def priority_of(payload: str) -> Priority:
 
 class PriorityQueue(ReliableQueue):
     """Shares reliable's worker registration, ack, FAIL script (which keeps the stored JSON, and with
-    it the priority) and heartbeat; everything that touches a pending list is its own."""
+    it the priority), heartbeat, and the reaper, retry mover, backlog and hand-back scripts, which
+    route a "priority": "high" job to the high list given as their optional last key. The fetch and
+    the enqueue are its own."""
+
+    PENDING = "low"
 
     name = "priority"
     summary = "reliable with high and low lists: LMOVE high first, else BLMOVE low; Lua reaper: at-least-once"
@@ -129,10 +74,9 @@ class PriorityQueue(ReliableQueue):
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self._fetch = self.r.register_script(FETCH)
-        self._reap_priority = self.r.register_script(REAP)
-        self._promote_priority = self.r.register_script(PROMOTE)
-        self._backlog_priority = self.r.register_script(BACKLOG)
-        self._hand_back_priority = self.r.register_script(HAND_BACK)
+
+    def _high(self) -> list[str]:
+        return [self.key("high")]
 
     def enqueue(self, jobs: Sequence[Job], priority: Priority | None = None) -> None:
         """`priority` puts every job in that list; without it each job's payload decides."""
@@ -156,29 +100,9 @@ class PriorityQueue(ReliableQueue):
         data = json.loads(raw)
         return Job(data["id"], data["payload"], receipt=raw, attempt=data["attempts"] + 1)
 
-    def stop_worker(self, worker: str, now: float) -> None:
-        keys = [self.key("processing", worker), self.key("high"), self.key("low"), self.key("heartbeats")]
-        self._hand_back_priority(keys=keys, args=[worker])
-
-    def recover(self, now: float) -> None:
-        stale_before = now - self.settings.stale_after
-        for worker, beat in self.r.hgetall(self.key("heartbeats")).items():
-            if float(beat) < stale_before:
-                keys = [self.key("processing", worker), self.key("high"), self.key("low"), self.key("dead")]
-                self._reap_priority(
-                    keys=[*keys, self.key("requeued"), self.key("stats"), self.key("heartbeats")],
-                    args=[self.settings.max_attempts, worker, repr(stale_before)],
-                )
-        keys = [self.key("delayed"), self.key("high"), self.key("low")]
-        self._promote_priority(keys=keys, args=[repr(now), 1000])
-
-    def backlog(self) -> int:
-        keys = [self.key("high"), self.key("low"), self.key("delayed"), self.key("workers")]
-        return int(self._backlog_priority(keys=keys, args=[self.key("processing", "")]))
-
     def state(self) -> QueueState:
-        # reliable's state reads delayed, processing and the dead letters; its pending list stays
-        # empty here, the two lists of this design are added on top.
+        # reliable's state reads the low list (as "pending"), delayed, processing and the dead
+        # letters; both lists are labelled with their priority on top.
         state = super().state()
         for p in PRIORITIES:
             for raw in self.r.lrange(self.key(p), 0, -1):

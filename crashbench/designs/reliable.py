@@ -22,16 +22,18 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, QueueState
 
 if TYPE_CHECKING:
     import redis
 
-# KEYS: processing, pending, dead, requeued, stats, heartbeats
+# KEYS: processing, pending, dead, requeued, stats, heartbeats [, high]
 # ARGV: max_attempts, worker, stale_before (a beat older than this is stale)
 # Re-checks the heartbeat inside the script so a worker that beat since the reaper looked is spared.
+# The optional last key of this and the scripts below is the priority design's high list: a job whose
+# JSON says "priority": "high" goes back there, every other one to pending.
 REAP = """
 local beat = tonumber(redis.call('HGET', KEYS[6], ARGV[2]))
 if beat and beat >= tonumber(ARGV[3]) then return {0, 0} end
@@ -45,7 +47,7 @@ while true do
     redis.call('LPUSH', KEYS[3], cjson.encode(job))
     dead = dead + 1
   else
-    redis.call('RPUSH', KEYS[2], cjson.encode(job))
+    redis.call('RPUSH', (KEYS[7] and job.priority == 'high') and KEYS[7] or KEYS[2], cjson.encode(job))
     redis.call('SADD', KEYS[4], job.id)
     moved = moved + 1
   end
@@ -72,29 +74,39 @@ redis.call('ZADD', KEYS[2], ARGV[2], cjson.encode(job))
 return 1
 """
 
-# The lesson's delayed-jobs mover. KEYS: delayed, pending; ARGV: now, batch size
+# The lesson's delayed-jobs mover. KEYS: delayed, pending [, high]; ARGV: now, batch size
 PROMOTE = """
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 for _, job in ipairs(due) do
   redis.call('ZREM', KEYS[1], job)
-  redis.call('LPUSH', KEYS[2], job)
+  redis.call('LPUSH', (KEYS[3] and cjson.decode(job).priority == 'high') and KEYS[3] or KEYS[2], job)
 end
 return #due
 """
 
-# KEYS: pending, delayed, workers; ARGV: prefix for processing lists
+# KEYS: pending, delayed, workers [, high]; ARGV: prefix for processing lists
 BACKLOG = """
 local n = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if KEYS[4] then n = n + redis.call('LLEN', KEYS[4]) end
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   n = n + redis.call('LLEN', ARGV[1] .. w)
 end
 return n
 """
 
-# KEYS: processing, pending, heartbeats; ARGV: worker. A graceful exit hands back what it holds.
+# KEYS: processing, pending, heartbeats [, high]; ARGV: worker. A graceful exit hands back what it holds.
 HAND_BACK = """
 local n = 0
-while redis.call('RPOPLPUSH', KEYS[1], KEYS[2]) do n = n + 1 end
+if KEYS[4] then
+  while true do
+    local raw = redis.call('RPOP', KEYS[1])
+    if not raw then break end
+    redis.call('LPUSH', cjson.decode(raw).priority == 'high' and KEYS[4] or KEYS[2], raw)
+    n = n + 1
+  end
+else
+  while redis.call('RPOPLPUSH', KEYS[1], KEYS[2]) do n = n + 1 end
+end
 redis.call('HDEL', KEYS[3], ARGV[1])
 return n
 """
@@ -103,6 +115,11 @@ return n
 class ReliableQueue(Design):
     name = "reliable"
     summary = "BLMOVE to a per-worker processing list + heartbeats + Lua reaper: at-least-once"
+    PENDING: ClassVar[str] = "pending"  # the list jobs wait in (the priority design's low list)
+
+    def _high(self) -> list[str]:
+        """The scripts' optional last key: where a "priority": "high" job goes back (priority design)."""
+        return []
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -153,27 +170,27 @@ class ReliableQueue(Design):
         self.r.hset(self.key("heartbeats"), worker, repr(now))
 
     def stop_worker(self, worker: str, now: float) -> None:
-        keys = [self.key("processing", worker), self.key("pending"), self.key("heartbeats")]
+        keys = [self.key("processing", worker), self.key(self.PENDING), self.key("heartbeats"), *self._high()]
         self._hand_back(keys=keys, args=[worker])
 
     def recover(self, now: float) -> None:
         stale_before = now - self.settings.stale_after
         for worker, beat in self.r.hgetall(self.key("heartbeats")).items():
             if float(beat) < stale_before:
-                keys = [self.key("processing", worker), self.key("pending"), self.key("dead"), self.key("requeued")]
+                keys = [self.key("processing", worker), self.key(self.PENDING), self.key("dead"), self.key("requeued")]
                 self._reap(
-                    keys=[*keys, self.key("stats"), self.key("heartbeats")],
+                    keys=[*keys, self.key("stats"), self.key("heartbeats"), *self._high()],
                     args=[self.settings.max_attempts, worker, repr(stale_before)],
                 )
-        self._promote(keys=[self.key("delayed"), self.key("pending")], args=[repr(now), 1000])
+        self._promote(keys=[self.key("delayed"), self.key(self.PENDING), *self._high()], args=[repr(now), 1000])
 
     def backlog(self) -> int:
-        keys = [self.key("pending"), self.key("delayed"), self.key("workers")]
+        keys = [self.key(self.PENDING), self.key("delayed"), self.key("workers"), *self._high()]
         return int(self._backlog(keys=keys, args=[self.key("processing", "")]))
 
     def state(self) -> QueueState:
         held: dict[str, str] = {}
-        for raw in self.r.lrange(self.key("pending"), 0, -1):
+        for raw in self.r.lrange(self.key(self.PENDING), 0, -1):
             held[json.loads(raw)["id"]] = "pending"
         for raw in self.r.zrange(self.key("delayed"), 0, -1):
             held[json.loads(raw)["id"]] = "delayed"
