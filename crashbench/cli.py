@@ -92,6 +92,11 @@ OUTPUT_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--plain", is_flag=True, help="Plain style for CI logs: ASCII table, no colours, no live progress line."),
 ]  # fmt: skip
 
+STORE_DIR = click.option(
+    "--dir", "store_dir", type=click.Path(path_type=Path), default=store.DEFAULT_DIR, show_default=True,
+    help="The results store that ids refer to (and `results` lists).",
+)  # fmt: skip
+
 SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
@@ -278,14 +283,7 @@ BASELINE_HELP = "A saved result (file, id, id prefix or 'latest' in --dir) that 
     metavar="FILE|ID",
     help="Check a saved result instead of running (the run options are then ignored).",
 )
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store that ids refer to.",
-)
+@STORE_DIR
 @session_options
 @reports_errors
 def check(designs: str | None, baseline: str | None, results_ref: str | None, store_dir: Path, **opts: Any) -> None:

@@ -17,14 +17,7 @@ from crashbench.session import Options, replay_scenario, run_designs
 
 
 @base.cli.command()
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
+@base.STORE_DIR
 @click.option("--scenario", "-s", "scenario_name", metavar="NAME|FINGERPRINT", help="Only results of this scenario.")
 @click.option("--design", "-d", metavar="NAME", help="Only results with this design.")
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True)
@@ -53,14 +46,7 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, limi
 
 @base.cli.command()
 @click.argument("ref", metavar="FILE|ID")
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
+@base.STORE_DIR
 @base.output_options
 @base.reports_errors
 def show(ref: str, store_dir: Path, **opts: Any) -> None:
@@ -82,14 +68,7 @@ def show(ref: str, store_dir: Path, **opts: Any) -> None:
 @click.option(
     "--run", "index", type=int, default=0, show_default=True, help="Which run of the result (0-based, as in its JSON)."
 )
-@click.option(
-    "--dir",
-    "store_dir",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="The results store.",
-)
+@base.STORE_DIR
 @click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one.")
 @click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
 @click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter.")
