@@ -14,14 +14,13 @@ import csv
 import dataclasses
 import io
 import os
-import statistics
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from crashbench.counts import Counts
 from crashbench.errors import UsageError
-from crashbench.results import DesignRun, Result, ThresholdResult, Timings, group
+from crashbench.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
 
 # The counts a failure message shows for each run: the outcome classes and the anomalies a reader
 # checks first. The full set is in the result file and the CSV.
@@ -63,25 +62,11 @@ def check_paths(paths: Sequence[Path | None]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _num(v: float) -> str:
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
-
-
-def _spread(values: Sequence[float | None], fmt: Callable[[float], str] = _num) -> str:
-    """One run: its value. Repeats: the median, and (min-max) when they differ; "-" when none exist."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return "-"
-    med = statistics.median(present)
-    lo, hi = min(present), max(present)
-    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}–{fmt(hi)})"
-
-
 def _value(v: float | None, unit: str) -> str:
     if v is None:
         return "-"
     # "x" is a ratio: "1.50x" reads better than "1.50 x"
-    return f"{_num(v)}{unit}" if unit == "x" else f"{_num(v)} {unit}".rstrip()
+    return f"{number(v)}{unit}" if unit == "x" else f"{number(v)} {unit}".rstrip()
 
 
 def _got_expected(t: ThresholdResult) -> str:
@@ -222,14 +207,14 @@ def junit(result: Result) -> str:
 # --- Markdown ------------------------------------------------------------------------------------
 
 _ROWS: tuple[tuple[str, Callable[[DesignRun], float | None], Callable[[float], str]], ...] = (
-    ("enqueued", lambda r: r.counts.enqueued, _num),
-    ("done", lambda r: r.counts.done, _num),
-    ("lost", lambda r: r.counts.lost, _num),
-    ("stranded", lambda r: r.counts.stranded, _num),
-    ("failed", lambda r: r.counts.failed, _num),
-    ("dead-lettered", lambda r: r.counts.dead_lettered, _num),
-    ("duplicated", lambda r: r.counts.duplicated, _num),
-    ("requeued", lambda r: r.counts.requeued, _num),
+    ("enqueued", lambda r: r.counts.enqueued, number),
+    ("done", lambda r: r.counts.done, number),
+    ("lost", lambda r: r.counts.lost, number),
+    ("stranded", lambda r: r.counts.stranded, number),
+    ("failed", lambda r: r.counts.failed, number),
+    ("dead-lettered", lambda r: r.counts.dead_lettered, number),
+    ("duplicated", lambda r: r.counts.duplicated, number),
+    ("requeued", lambda r: r.counts.requeued, number),
     ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),
     ("recovery p95 (ms)", lambda r: r.timings.recovery_ms_p95, lambda v: f"{v:.0f}"),
 )
@@ -249,7 +234,7 @@ def markdown(result: Result) -> str:
         lines.append("| | " + " | ".join(_cell(name) for name in groups) + " |")
         lines.append("|---|" + "---:|" * len(groups))
         for row, get, fmt in _ROWS:
-            cells = [_spread([get(r) for r in runs], fmt) for runs in groups.values()]
+            cells = [spread([get(r) for r in runs], fmt, dash="–") for runs in groups.values()]
             lines.append(f"| {row} | " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
         if result.repeat > 1:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from crashbench.results import BenchResult, DesignRun, Result, ThresholdResult, group
+from crashbench.results import BenchResult, DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.results import label as label_of
 from crashbench.runner import Progress
 
@@ -47,32 +46,18 @@ OPTIONAL = {
 }  # fmt: skip
 
 
-def _num(v: float) -> str:
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
-
-
-def spread(values: Sequence[float | None], fmt: Callable[[float], str] = _num) -> str:
-    """One run: its value. Repeats: the median, and (min-max) when they differ."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return "-"
-    med = statistics.median(present)
-    lo, hi = min(present), max(present)
-    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}-{fmt(hi)})"
-
-
 def _failed_metrics(result: Result, name: str) -> set[str]:
     return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
 
 
 def threshold_line(t: ThresholdResult) -> Text:
     unit = f" {t.unit}" if t.unit not in ("", "x") else ""
-    got = "-" if t.actual is None else f"{_num(t.actual)}{unit}"
+    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
     detail = f"got {got}"
-    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(_num(t.expected))):
-        detail += f", bound {_num(t.expected)}{unit}"
+    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
+        detail += f", bound {number(t.expected)}{unit}"
     if t.baseline is not None:
-        detail += f", baseline {_num(t.baseline)}{unit}"
+        detail += f", baseline {number(t.baseline)}{unit}"
     if t.note:
         detail += f"; {t.note}"
     mark, style = {"pass": ("✓", "green"), "fail": ("✗", "red"), "inconclusive": ("?", "yellow")}[t.status]
@@ -107,8 +92,8 @@ def result_table(result: Result, plain: bool = False) -> Group:
         table.add_row(label, *cells)
     table.add_section()
     rows: list[tuple[str, Callable[[DesignRun], float | None], Callable[[float], str]]] = [
-        ("kills", lambda r: r.counts.kills, _num),
-        ("  mid-job", lambda r: r.counts.kills_mid_job, _num),
+        ("kills", lambda r: r.counts.kills, number),
+        ("  mid-job", lambda r: r.counts.kills_mid_job, number),
         ("wall time", lambda r: r.timings.wall_s, lambda v: f"{v:.2f} s"),
         ("  x ideal", lambda r: r.timings.ratio_to_ideal, lambda v: f"{v:.2f}x"),
         ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),

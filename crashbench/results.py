@@ -12,7 +12,7 @@ import sys
 import time
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -141,6 +141,21 @@ def group(runs: Sequence[DesignRun]) -> dict[str, list[DesignRun]]:
     for run in runs:
         out.setdefault(label(run), []).append(run)
     return out
+
+
+def number(v: float) -> str:
+    """A count as a whole number, anything else with two decimals."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+
+
+def spread(values: Sequence[float | None], fmt: Callable[[float], str] = number, dash: str = "-") -> str:
+    """One run: its value. Repeats: the median, and (min-max) when they differ; "-" when none exist."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    med = statistics.median(present)
+    lo, hi = min(present), max(present)
+    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}{dash}{fmt(hi)})"
 
 
 @dataclass(slots=True)
