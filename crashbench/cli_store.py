@@ -69,18 +69,7 @@ def show(ref: str, store_dir: Path, **opts: Any) -> None:
     "--run", "index", type=int, default=0, show_default=True, help="Which run of the result (0-based, as in its JSON)."
 )
 @base.STORE_DIR
-@click.option("--redis-url", metavar="URL", help="Use this server instead of a private embedded one.")
-@click.option("--server", "server_binary", metavar="PATH", help="Server binary for the embedded server.")
-@click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter.")
-@click.option("--keep", is_flag=True, help="Keep the run's keys and work directory.")
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(path_type=Path),
-    default=store.DEFAULT_DIR,
-    show_default=True,
-    help="Where to save the replay's result.",
-)
+@base.where_options
 @base.output_options
 @base.reports_errors
 def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
