@@ -80,9 +80,9 @@ class Producer:
     """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and remembers which enqueues
     were acknowledged and which were indeterminate."""
 
-    def __init__(self, ids: list[str], produce_s: float, start: float) -> None:
-        self.jobs = [Job(j, f'{{"n": {int(j)}}}') for j in ids]
-        self.every = produce_s / max(1, -(-len(ids) // CHUNK))
+    def __init__(self, jobs: list[Job], produce_s: float, start: float) -> None:
+        self.jobs = jobs
+        self.every = produce_s / max(1, -(-len(jobs) // CHUNK))
         self.start = start
         self.next = 0
         self.acknowledged: set[str] = set()

@@ -169,9 +169,10 @@ class CrashRun:
     def _execute(self) -> DesignRun:
         self.design.setup()
         ids = job_ids(self.sc.jobs)
+        jobs = [Job(j, f'{{"n": {int(j)}}}') for j in ids]
         if self.broker is None:
-            for start in range(0, len(ids), 1000):
-                self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
+            for start in range(0, len(jobs), 1000):
+                self.design.enqueue(jobs[start : start + 1000])
         self.t0 = self.clock()
         for slot in range(self.sc.workers):
             self.sup.spawn(slot)
@@ -179,7 +180,7 @@ class CrashRun:
 
         self.phase = "faults"
         if self.broker is not None:
-            self._broker_phase(ids)
+            self._broker_phase(jobs)
         for planned in plan_kills(self.sc):
             self.kills.append(self._inject(planned))
         faults_end = self.clock()
@@ -252,10 +253,10 @@ class CrashRun:
         except DOWN:
             return down
 
-    def _broker_phase(self, ids: list[str]) -> None:
+    def _broker_phase(self, jobs: list[Job]) -> None:
         """Produce during the run; kill (and restart) or fail over the server at `fault_at`."""
         assert self.broker is not None
-        producer = self.producer = Producer(ids, self.sc.produce_s, self.t0)
+        producer = self.producer = Producer(jobs, self.sc.produce_s, self.t0)
         due = self.t0 + self.sc.fault_at
         lag_due = due - self.sc.replica_lag if self.sc.replica_lag else None
         back_due: float | None = None

@@ -95,8 +95,7 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     reaches the children the library forks."""
     os.environ["CRASHBENCH_LEDGER"] = str(ledger_path)
     os.environ["CRASHBENCH_WORKLOAD"] = spec.workload.to_json()
-    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
-    design = spec.design(client, spec.prefix, spec.settings)
+    design = Connector(spec, name).design()
     assert isinstance(design, LibraryDesign)
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, time.monotonic())
@@ -137,6 +136,18 @@ def run_batch(spec: WorkerSpec, design: Design, name: str, ledger: LedgerWriter,
         design.ack_batch(name, finished, clock())
 
 
+class StopRequest:
+    """SIGTERM / SIGINT only set a flag; the worker's loop reads it between jobs (a graceful stop)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
 class Connector:
     """The worker's client and design, made again after a connection error, from the address file
     when there is one (a failover moves the server), with backoff, for at most RECONNECT_S."""
@@ -167,15 +178,7 @@ class Connector:
 def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, gate: int | None = None) -> int:
     if spec.design.own_worker:
         return serve_library(spec, name, ledger_path)
-    stopping = False
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-
+    stop = StopRequest()
     clock = time.monotonic
     connect = Connector(spec, name)
     design = connect.design()
@@ -184,7 +187,7 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     ledger.ready(clock())
     wait_gate(gate)
 
-    while not stopping and os.getppid() == parent_pid:
+    while not stop.requested and os.getppid() == parent_pid:
         try:
             run_batch(spec, design, name, ledger, clock)
         except DOWN:
@@ -195,7 +198,7 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
             with contextlib.suppress(*DOWN):
                 design.stop_worker(name, clock())
                 design.start_worker(name, clock())
-    if stopping:
+    if stop.requested:
         design.stop_worker(name, clock())
     ledger.close()
     design.r.close()
@@ -206,27 +209,20 @@ def run_bare(spec: WorkerSpec, name: str, out_path: Path, parent_pid: int, gate:
     """The design's own commands and nothing else: fetch and ack, no ledger, no handler. `crashbench
     bench` runs it beside run_worker to show what the harness itself costs. Writes, at exit, when it
     started, how many jobs it acked and when the last ack returned."""
-    stopping = False
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopRequest()
     clock = time.monotonic
-    client = redis.Redis.from_url(spec.redis_url, decode_responses=True)
-    design = spec.design(client, spec.prefix, spec.settings)
+    design = Connector(spec, name).design()
     design.start_worker(name, clock())
     out_path.with_suffix(".ready").write_text("")
     wait_gate(gate)
     ready, acked, last = clock(), 0, 0.0
-    while not stopping and os.getppid() == parent_pid:
+    while not stop.requested and os.getppid() == parent_pid:
         jobs = design.fetch_batch(name, spec.fetch_timeout, clock())
         if jobs:
             design.ack_batch(name, jobs, clock())
             acked, last = acked + len(jobs), clock()
     out_path.write_text(f"{ready:.6f} {acked} {last:.6f}\n")
-    client.close()
+    design.r.close()
     return 0
 
 
