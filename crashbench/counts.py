@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from crashbench.designs import DesignSettings, QueueState
 from crashbench.ledger import Execution
@@ -74,11 +74,6 @@ class Counts:
         if self.kills_mid_job > self.kills:
             p.append(f"kills mid-job {self.kills_mid_job} > kills {self.kills}")
         return p
-
-    def as_numbers(self) -> dict[str, int]:
-        d = asdict(self)
-        d.pop("stranded_at")
-        return d
 
 
 def classify(

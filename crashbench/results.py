@@ -125,10 +125,6 @@ class DesignRun:
     workdir: str | None = None  # with --keep: the ledgers and worker logs of this run
     count_problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.count_problems
-
 
 def label(run: DesignRun) -> str:
     """How a run's design is named in tables and threshold results: the sweep value, else the design."""
@@ -243,14 +239,6 @@ class Result:
         if self.thresholds and not all(r.timings.drained for r in self.runs):
             return "inconclusive"
         return "pass"
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "pass"
-
-    @property
-    def designs(self) -> list[str]:
-        return list(dict.fromkeys(r.variant or r.design for r in self.runs))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
