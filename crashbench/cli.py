@@ -170,6 +170,17 @@ def build_scenario(opts: dict[str, Any]) -> Scenario:
     return base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
 
 
+def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, ...]:
+    """What every reporting command checks before it runs or reads anything: the consoles, the
+    command line's thresholds (a relative one needs a baseline), the export paths."""
+    configure_output(opts)
+    given = parse_thresholds(opts.get("thresholds", ()))
+    if baseline is None and any(t.relative for t in given):
+        raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
+    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])  # fail now, not after the run
+    return given
+
+
 def execute(
     opts: dict[str, Any],
     start: Callable[[Scenario, Options], Result],
@@ -177,12 +188,8 @@ def execute(
     scenario: Scenario | None = None,
 ) -> None:
     """Build the scenario (unless given), run `start` with live progress on a terminal, report, exit."""
-    configure_output(opts)
+    given = prepare(opts, baseline)
     sc = scenario or build_scenario(opts)
-    given = parse_thresholds(opts.get("thresholds", ()))
-    if baseline is None and any(t.relative for t in given):
-        raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
-    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])  # fail now, not after the run
     as_json: bool = opts["as_json"]
     terminal = err.is_terminal and not as_json and not opts["plain"]
     live = Live(console=err, auto_refresh=False, transient=True) if terminal else None
@@ -321,10 +328,8 @@ def check(designs: str | None, baseline: str | None, results_ref: str | None, st
     if results_ref is None:
         execute(opts, lambda sc, options: run_designs(sc, design_list(designs, sc), options, kind="check"), base)
         return
-    configure_output(opts)
-    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])
-    result = evaluate(store.load(results_ref, store_dir), parse_thresholds(opts["thresholds"]), base)
-    report(result, opts, saved=None)
+    given = prepare(opts, base)
+    report(evaluate(store.load(results_ref, store_dir), given, base), opts, saved=None)
 
 
 @cli.command("list")

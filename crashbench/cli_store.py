@@ -51,7 +51,7 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, limi
 @base.reports_errors
 def show(ref: str, store_dir: Path, **opts: Any) -> None:
     """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
-    base.configure_output(opts)
+    base.prepare(opts, None)  # consoles and export paths, before reading anything
     result = store.load(ref, store_dir)
     env = result.environment
     if not opts["as_json"]:
