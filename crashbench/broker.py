@@ -87,6 +87,8 @@ class Producer:
         self.next = 0
         self.acknowledged: set[str] = set()
         self.indeterminate: set[str] = set()
+        self.lagging = False  # set once the replica stopped following the primary (replica_lag)
+        self.acked_during_lag: set[str] = set()  # acknowledged by the primary alone
 
     @property
     def done(self) -> bool:
@@ -105,6 +107,8 @@ class Producer:
                 self.indeterminate |= ids
             else:
                 self.acknowledged |= ids
+                if self.lagging:
+                    self.acked_during_lag |= ids
 
 
 def wait_back(url: str, timeout: float = 30.0) -> None:

@@ -1,6 +1,11 @@
-"""From evidence to counts: the ledger (what ran), the queue's final state (what it holds) and the
-list of enqueued ids. Outcome classes are decided per job, in this order, so each enqueued job is
-in exactly one: done, dead-lettered, stranded, failed, lost. Everything else counts events, not jobs.
+"""From evidence to counts: the ledger (what ran), the harness's own reading of Redis (where each job
+is: crashbench.inspector, through the design's `locate`) and the list of enqueued ids. Each outcome
+class needs positive evidence of its own, decided per job in this order, so each enqueued job is in
+exactly one: done (an end record), dead-lettered (found in a dead-letter key), stranded (found
+anywhere else), failed (found nowhere, and its last execution raised in a design that drops failed
+jobs, or the library recorded it failed), then lost (found nowhere, its enqueue acknowledged) or
+unconfirmed (its enqueue errored). Everything else counts events, not jobs. The design's own
+`state()` decides nothing here; crashbench.evidence checks it against the same reading.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from crashbench.designs import DesignSettings, QueueState
+from crashbench.designs import DesignSettings, Located, QueueState
 from crashbench.ledger import Execution
 from crashbench.workload import Workload
 
@@ -48,50 +53,66 @@ class Counts:
     acks_lost: int = 0  # jobs completed (and acked) before the broker fault that ran again after it
     stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
 
+    # the CI gate's own counts: 0 unless something went wrong that nobody injected
+    undrained: int = 0  # jobs still held when the drain gave up (at least 1 when it did); 0 drained
+    worker_crashes: int = 0  # workers that exited although no fault was aimed at them
+    unrecovered: int = 0  # jobs a fault interrupted (mid-job) that never started again
+    # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
+    held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed
+    acked_during_lag: int = 0  # enqueues the primary acknowledged after its replica stopped following, never completed
+
     def outcome_total(self) -> int:
         return self.done + self.dead_lettered + self.stranded + self.failed + self.lost + self.unconfirmed
 
-    def problems(self) -> list[str]:
-        """Arithmetic that must hold for any run; a non-empty list means crashbench itself is wrong."""
-        p = []
-        if self.outcome_total() != self.enqueued:
-            p.append(
-                f"done {self.done} + dead-lettered {self.dead_lettered} + stranded {self.stranded} "
-                f"+ failed {self.failed} + lost {self.lost} + unconfirmed {self.unconfirmed} = {self.outcome_total()}, "
-                f"not enqueued {self.enqueued}"
-            )
-        if self.duplicated_overlapping + self.duplicated_sequential != self.duplicated:
-            p.append(
-                f"duplicated {self.duplicated} is not overlapping {self.duplicated_overlapping} "
-                f"+ sequential {self.duplicated_sequential}"
-            )
-        if sum(self.stranded_at.values()) != self.stranded:
-            p.append(f"stranded {self.stranded} but the locations add up to {sum(self.stranded_at.values())}")
-        if self.duplicated > self.extra_executions:
-            p.append(f"duplicated {self.duplicated} > extra executions {self.extra_executions}")
-        if self.recovered > self.indeterminate or self.unconfirmed > self.indeterminate:
-            p.append(f"recovered {self.recovered}, unconfirmed {self.unconfirmed} > indeterminate {self.indeterminate}")
-        if self.kills_mid_job > self.kills:
-            p.append(f"kills mid-job {self.kills_mid_job} > kills {self.kills}")
-        return p
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A check of the evidence that failed: crashbench, or the design's report of itself, is wrong.
+    `check` names the check (crashbench.evidence), `ids` the jobs involved (the first 100)."""
+
+    check: str
+    message: str
+    ids: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        shown = f": {', '.join(self.ids[:10])}{' ...' if len(self.ids) > 10 else ''}" if self.ids else ""
+        return f"[{self.check}] {self.message}{shown}"
+
+
+@dataclass(slots=True)
+class TotalQueue:
+    """Jepsen's total-queue checker vocabulary over the same evidence: of the enqueues `attempted`, the
+    `acknowledged` ones that completed (`ok`) or were `lost`; `recovered`: unacknowledged ones that
+    completed all the same; `unexpected`: completed ids never enqueued; `duplicated`: completed more
+    than once. `valid`: nothing lost, nothing unexpected, and no duplicate where the design promises
+    exactly once."""
+
+    attempted: int
+    acknowledged: int
+    ok: int
+    lost: int
+    unexpected: int
+    duplicated: int
+    recovered: int
+    valid: bool
 
 
 def classify(
     enqueued: Collection[str],
     completed: Counter[str],
-    failed: set[str],
-    queue: QueueState,
+    last_raised: set[str],
+    located: Located,
+    drops_failed: bool,
     indeterminate: Collection[str] = (),
 ) -> dict[str, set[str]]:
-    """Each enqueued id in exactly one outcome class, by precedence: done, dead-lettered, stranded, failed,
-    then, for a job with no trace: unconfirmed if its enqueue errored (it may never have been stored),
-    else lost."""
+    """Each enqueued id in exactly one outcome class, by precedence (see the module's docstring).
+    `last_raised`: ids whose last execution raised."""
     ids = set(enqueued)
     done = {j for j in ids if completed[j] > 0}
-    dead = (queue.dead_lettered & ids) - done
-    stranded = (set(queue.held) & ids) - done - dead
+    dead = (set(located.dead) & ids) - done
+    stranded = (set(located.held) & ids) - done - dead
     gone = ids - done - dead - stranded
-    failed = gone & (failed | queue.failed)
+    failed = gone & (located.failed | (last_raised if drops_failed else set()))
     unconfirmed = (gone - failed) & set(indeterminate)
     return {
         "done": done, "dead_lettered": dead, "stranded": stranded, "failed": failed,
@@ -127,7 +148,9 @@ def _early_retries(failed_runs: list[Execution], starts: dict[str, list[float]],
 def count(
     enqueued: Collection[str],
     executions: Iterable[Execution],
-    queue: QueueState,
+    located: Located,
+    queue: QueueState | None = None,  # the design's report: only its requeue and poison bookkeeping is used
+    drops_failed: bool = False,
     kills: int = 0,
     kills_mid_job: int = 0,
     workload: Workload | None = None,
@@ -136,13 +159,17 @@ def count(
     broker_fault: tuple[float, float] | None = None,  # (struck, server back), harness clock
 ) -> tuple[Counts, dict[str, set[str]]]:
     """The counts, and the ids behind each outcome class."""
+    queue = queue or QueueState()
     completions: dict[str, list[Execution]] = {}
     starts: dict[str, list[float]] = {}
     failed_runs: list[Execution] = []
+    last: dict[str, Execution] = {}
     n_exec = interrupted = 0
     for ex in executions:
         n_exec += 1
         starts.setdefault(ex.job, []).append(ex.start)
+        if ex.job not in last or ex.start >= last[ex.job].start:
+            last[ex.job] = ex
         if ex.end is None:
             interrupted += 1
         elif ex.failed:
@@ -151,8 +178,8 @@ def count(
             completions.setdefault(ex.job, []).append(ex)
     ids = set(enqueued)
     completed = Counter({j: len(runs) for j, runs in completions.items()})
-    failed_ids = {ex.job for ex in failed_runs}
-    classes = classify(ids, completed, failed_ids, queue, indeterminate)
+    last_raised = {j for j, ex in last.items() if ex.failed}
+    classes = classify(ids, completed, last_raised, located, drops_failed, indeterminate)
     acks_lost = 0
     if broker_fault is not None:
         # Completed before the server was back, started again after the fault and after that
@@ -162,7 +189,7 @@ def count(
             ends = [r.end for r in runs if r.end is not None and r.end < back]
             if ends and any(t > max(fault, min(ends)) for t in starts[j]):
                 acks_lost += 1
-    where = Counter(queue.held[j].split(":")[0] for j in classes["stranded"])
+    where = Counter(located.held[j][0].split(":")[0] for j in classes["stranded"])
     dups = [j for j in ids if completed[j] > 1]
     overlapping = sum(1 for j in dups if _overlapping(completions[j]))
     first_failure: dict[str, float] = {}
@@ -201,3 +228,18 @@ def count(
         acks_lost=acks_lost,
     )
     return counts, classes
+
+
+def total_queue(c: Counts, exactly_once: bool = False) -> TotalQueue:
+    """The counts in Jepsen's total-queue terms (see TotalQueue)."""
+    acknowledged = c.enqueued - c.indeterminate
+    return TotalQueue(
+        attempted=c.enqueued,
+        acknowledged=acknowledged,
+        ok=c.done - c.recovered,
+        lost=c.lost,
+        unexpected=c.unexpected,
+        duplicated=c.duplicated,
+        recovered=c.recovered,
+        valid=c.lost == 0 and c.unexpected == 0 and not (exactly_once and c.duplicated),
+    )

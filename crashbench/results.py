@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from crashbench import __version__
-from crashbench.counts import Counts
+from crashbench.counts import Counts, Problem, TotalQueue
 from crashbench.faults import PlannedKill
 from crashbench.server import ServerInfo
 
@@ -80,9 +81,10 @@ class Timings:
     startup_ms_median: float  # worker spawn -> READY
     startup_ms_max: float
     restart_ms_median: float | None  # kill -> replacement READY
-    recovery_ms_p50: float | None = None  # fault -> next start of the job it interrupted
+    recovery_ms_p50: float | None = None  # fault -> next start of the job it interrupted; inf: never
     recovery_ms_p95: float | None = None
     recovery_ms_max: float | None = None
+    inspect_s: float = 0.0  # the harness reading Redis for its evidence (crashbench.inspector)
 
     @property
     def ratio_to_ideal(self) -> float:
@@ -93,7 +95,7 @@ class Timings:
 class ThresholdResult:
     design: str  # the design (or sweep value) it was evaluated on
     threshold: str  # as written, without the design: "lost == 0", "recovery_p95 < 2000"
-    source: str  # "scenario" or "command line"
+    source: str  # "scenario", "command line", or "default" (undrained / worker_crashes == 0, implied)
     status: str  # "pass" | "fail" | "inconclusive"
     actual: float | None  # the value checked (the failing or the worst run's; a statistic over repeats)
     expected: float | None  # the bound it was checked against (resolved: a count, a baseline-relative value)
@@ -122,8 +124,10 @@ class DesignRun:
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
     jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered / failed -> ids (100)
-    workdir: str | None = None  # with --keep: the ledgers and worker logs of this run
-    count_problems: list[str] = field(default_factory=list)
+    workdir: str | None = None  # with --keep (or after a failed check): the ledgers and worker logs
+    problems: list[Problem] = field(default_factory=list)  # evidence checks that failed (crashbench.evidence)
+    total_queue: TotalQueue | None = None  # the counts in Jepsen's total-queue vocabulary
+    thresholds_evaluated: int = 0  # set by the CI gate: thresholds that applied to this run's design
 
 
 def label(run: DesignRun) -> str:
@@ -225,23 +229,27 @@ class Result:
     schema_version: int = SCHEMA_VERSION
 
     @property
-    def count_problems(self) -> list[str]:
-        return [p for r in self.runs for p in r.count_problems]
+    def problems(self) -> list[Problem]:
+        return [p for r in self.runs for p in r.problems]
 
     @property
     def status(self) -> str:
-        """fail: a threshold was violated; inconclusive: a threshold could not be evaluated, a run did
-        not drain within its window, or the counts do not add up; else pass."""
+        """By precedence: broken (an evidence check failed, so no count can be trusted), fail (a
+        threshold was violated), inconclusive (a threshold had no value), unchecked (a design, or
+        sweep value, to which no threshold applied), else pass."""
+        if self.problems:
+            return "broken"
         if any(t.status == "fail" for t in self.thresholds):
             return "fail"
-        if self.count_problems or any(t.status == "inconclusive" for t in self.thresholds):
+        if any(t.status == "inconclusive" for t in self.thresholds):
             return "inconclusive"
-        if self.thresholds and not all(r.timings.drained for r in self.runs):
-            return "inconclusive"
+        checked = {t.design for t in self.thresholds}
+        if any(name not in checked for name in group(self.runs)):
+            return "unchecked"
         return "pass"
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = _finite(dataclasses.asdict(self))
         for run, raw in zip(self.runs, data["runs"], strict=True):
             raw["timings"]["ratio_to_ideal"] = round(run.timings.ratio_to_ideal, 4)
         data["status"] = self.status
@@ -272,6 +280,17 @@ class Result:
         return _build(cls, data)
 
 
+def _finite(data: Any) -> Any:
+    """JSON has no infinity: a recovery that never happened is written "inf" (read back by _build)."""
+    if isinstance(data, float) and math.isinf(data):
+        return "inf" if data > 0 else "-inf"
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return data
+
+
 def new_id(run_id: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + run_id
 
@@ -293,7 +312,7 @@ def _build(tp: Any, data: Any) -> Any:
         return [_build(args[0], v) for v in data]
     if origin is dict:
         return {k: _build(args[1], v) for k, v in data.items()}
-    if tp is float and isinstance(data, int):
+    if tp is float and isinstance(data, int | str):
         return float(data)
     return data
 

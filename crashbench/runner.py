@@ -23,10 +23,10 @@ import psutil
 import redis
 
 from crashbench import counts as counting
-from crashbench import workdirs
+from crashbench import evidence, inspector, workdirs
 from crashbench.broker import Broker, Producer, wait_back
-from crashbench.designs import Design, Job, load_design, safe_name
-from crashbench.errors import Interrupted, RunAborted
+from crashbench.designs import Design, Job, Located, load_design, safe_name
+from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Ledger
@@ -117,6 +117,7 @@ class CrashRun:
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.raw = inspector.raw_client(redis_url)  # the inspector's own connection, never the design's
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
         self.ledger = Ledger(self.dir / "ledger")
@@ -149,16 +150,31 @@ class CrashRun:
         self._paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
         self._fault_at: float | None = None  # when the broker fault struck (harness clock)
         self._back_at: float | None = None  # when the server answered again
+        self._held_at_fault: set[str] = set()  # the inspector's reading when the broker fault struck
+        self.inspect_s = 0.0  # time spent reading Redis for the evidence
+        self._hit: set[int] = set()  # executions a SIGKILL was recorded inside (by id())
 
     # -- the run ---------------------------------------------------------------------------------
 
     def execute(self) -> DesignRun:
         try:
-            return self._execute()
+            run = self._execute()
+            if run.problems:  # the evidence behind a wrong report is worth keeping
+                self.keep_dir = True
+                run.workdir = str(self.dir)
+            return run
+        except (CrashbenchError, KeyboardInterrupt, redis.ConnectionError):
+            raise
+        except Exception as exc:
+            # A design (or crashbench) raised where nothing expected it: never exit 1, which means a
+            # threshold was violated. The ledgers and worker logs stay for a post-mortem.
+            self.keep_dir = True
+            raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
             self.sup.stop_all(grace=self._grace())
             self.ledger.close()
             self.client.close()
+            self.raw.close()
             if not self.keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -193,7 +209,7 @@ class CrashRun:
         self._report(force=True)
         self.sup.stop_all(grace=self._grace())
         self._collect_exits()
-        self.ledger.poll()
+        self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
         self.design.recover(self.clock() + self.sc.stale_after)
         return self._result(ids, drained, drained_at, faults_end)
@@ -267,8 +283,14 @@ class CrashRun:
             if lag_due is not None and now >= lag_due:
                 self.broker.cut_replica()
                 lag_due = None
+            if lag_due is None and self.sc.replica_lag:
+                producer.lagging = True
             if self.broker_fault is None and now >= due:
-                held = self._tolerant(lambda: self.design.state().held, {})
+                # The harness's own reading of what the server holds as it dies: nothing runs in this
+                # loop between this read and the fault, and workers only take jobs away meanwhile.
+                held = set(self._locate().held)
+                self._held_at_fault = held
+                now = self.clock()
                 self.broker_fault = BrokerFaultRecord(
                     self.sc.fault, self.sc.persistence, round(now - self.t0, 4), len(held), sorted(held)[:JOB_SAMPLE],
                     len(producer.acknowledged),
@@ -292,7 +314,10 @@ class CrashRun:
     def _reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
         self.client.close()
-        self.client = redis.Redis.from_url(self.broker.url if self.broker else self.url, decode_responses=True)
+        self.raw.close()
+        url = self.broker.url if self.broker else self.url
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.raw = inspector.raw_client(url)
         self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:
@@ -346,6 +371,7 @@ class CrashRun:
         replacement = None
         target = self.sc.kill_target if self.design_cls.own_worker else "worker"
         child = inside.pid if inside and inside.pid != victim.pid else 0
+        killed: list[psutil.Process] = []  # the processes below the victim that got the signal
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
             self.sup.send(victim, sig)
@@ -356,12 +382,13 @@ class CrashRun:
                 self.sup.thaw(victim)
             if sig == signal.SIGKILL:
                 psutil.wait_procs([proc], timeout=5.0)
+            killed = [proc]
         else:
             if target == "child":
                 target = "worker"  # the job runs in the worker process itself
             rest = self.sup.below(victim) if target == "parent" else []
             victim.signalled = sig
-            self.sup.send(victim, sig, whole_tree=target != "parent")
+            killed = self.sup.send(victim, sig, whole_tree=target != "parent")
             for p in rest if frozen else []:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     p.send_signal(signal.SIGCONT)  # the orphans go on as they would
@@ -370,9 +397,18 @@ class CrashRun:
             replacement = self.sup.spawn(planned.slot)
             if sig == signal.SIGKILL:
                 self.sup.wait_exit(victim, 5.0)
+                psutil.wait_procs(killed, timeout=5.0)
         if sig == signal.SIGKILL:
+            # Every process that got the SIGKILL is gone, so the victim's ledger is final: mid-job is
+            # what it says alone (an execution it started and never ended), not an earlier look.
             self.ledger.poll(victim.name)
-            inside = self.ledger.inside(victim.name) or inside  # what it was running when it died
+            opened = self.ledger.open_in(victim.name)
+            if target == "child":  # the worker lives on and may have started another job since
+                opened = [ex for ex in opened if ex.pid == child]
+            opened = [ex for ex in opened if id(ex) not in self._hit]  # not one an earlier fault left open
+            inside = opened[-1] if opened else None
+            if inside is not None:
+                self._hit.add(id(inside))
         return KillRecord(
             index=planned.index,
             planned_at=planned.at,
@@ -411,20 +447,45 @@ class CrashRun:
 
     # -- counting --------------------------------------------------------------------------------
 
+    def _locate(self) -> Located:
+        snapshot = inspector.take(self.raw, self.design.key_patterns())
+        self.inspect_s += snapshot.taken_s
+        return self.design.locate(snapshot)
+
     def _recovery_ms(self, k: KillRecord) -> float | None:
-        """Fault -> the next start of the job the victim was inside, by anyone: how long recovery took."""
+        """Fault -> the next start of the job the victim was inside, by anyone: how long recovery took;
+        +inf when it never started again nor completed (a job the queue never gave back)."""
         if k.job is None:
             return None
         at = self.t0 + k.at
-        later = [ex.start for ex in self.ledger.executions if ex.job == k.job and ex.start > at]
-        return round((min(later) - at) * 1000, 3) if later else None
+        runs = [ex for ex in self.ledger.executions if ex.job == k.job]
+        later = [ex.start for ex in runs if ex.start > at]
+        if later:
+            return round((min(later) - at) * 1000, 3)
+        if any(ex.completed and ex.end is not None and ex.end > at for ex in runs):
+            return None  # it finished where it was (a pause, a graceful stop): nothing to recover
+        return math.inf
 
     def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
         state = self.design.state()
+        located = self._locate()
+        # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
+        kills = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in self.kills if k.target != "parent"]
+        problems = evidence.check(
+            evidence.Evidence(
+                enqueued=ids, executions=self.ledger.executions, located=located, state=state, drained=drained,
+                own_worker=self.design_cls.own_worker, kills=kills,
+                ledger_problems=self.ledger.problems,
+                acknowledged=self.producer.acknowledged if self.producer else None,
+                indeterminate=self.producer.indeterminate if self.producer else None,
+            )
+        )  # fmt: skip
         c, classes = counting.count(
             ids,
             self.ledger.executions,
+            located,
             state,
+            drops_failed=self.design_cls.drops_failed,
             kills=len(self.kills),
             kills_mid_job=sum(k.mid_job for k in self.kills),
             workload=self.sc.workload(),
@@ -432,12 +493,19 @@ class CrashRun:
             indeterminate=self.producer.indeterminate if self.producer else (),
             broker_fault=(self._fault_at, self._back_at or self._fault_at) if self._fault_at is not None else None,
         )
+        completed = self.ledger.completed
+        c.undrained = 0 if drained else max(1, len(located.held))
+        c.worker_crashes = len(self.exits)
+        c.held_at_fault = sum(1 for j in self._held_at_fault if not completed[j])
+        if self.producer is not None:
+            c.acked_during_lag = sum(1 for j in self.producer.acked_during_lag if not completed[j])
         for k in self.kills:
             ready = self.ledger.ready_at(k.replacement) if k.replacement else None
             if ready is not None:
                 k.replacement_ready_ms = round((ready - (self.t0 + k.at)) * 1000, 3)
             k.recovered_after_ms = self._recovery_ms(k)
         recoveries = sorted(k.recovered_after_ms for k in self.kills if k.recovered_after_ms is not None)
+        c.unrecovered = sum(1 for r in recoveries if math.isinf(r))
         startups = [
             (ready - w.spawned_at) * 1000
             for w in self.sup.workers
@@ -458,6 +526,7 @@ class CrashRun:
             recovery_ms_p50=percentile(recoveries, 0.50),
             recovery_ms_p95=percentile(recoveries, 0.95),
             recovery_ms_max=recoveries[-1] if recoveries else None,
+            inspect_s=round(self.inspect_s, 4),
         )
         return DesignRun(
             design=self.spec,
@@ -473,6 +542,10 @@ class CrashRun:
             worker_exits=self.exits,
             duplicates=dict(sorted((j, n) for j, n in self.ledger.completed.items() if n > 1)[:JOB_SAMPLE]),
             workdir=str(self.dir) if self.keep_dir else None,
-            jobs={k: sorted(classes[k])[:JOB_SAMPLE] for k in ("lost", "stranded", "dead_lettered", "failed")},
-            count_problems=c.problems(),
+            jobs={
+                k: sorted(classes[k])[:JOB_SAMPLE]
+                for k in ("lost", "stranded", "dead_lettered", "failed", "unconfirmed")
+            },
+            problems=problems,
+            total_queue=counting.total_queue(c, self.design_cls.exactly_once),
         )

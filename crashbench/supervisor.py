@@ -159,7 +159,8 @@ class Supervisor:
         except psutil.NoSuchProcess:
             return []
 
-    def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> None:
+    def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> list[psutil.Process]:
+        """Signal `w` (and, with `tree`, every process below it); returns the processes below that got it."""
         self._check_identity(w)
         # List the tree before signalling: once the worker dies its children are re-parented and can
         # no longer be found from it.
@@ -168,6 +169,7 @@ class Supervisor:
         for p in below:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
+        return below
 
     def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
         """Signal `pid` if it is a process below worker `w` (never `w` itself); the process, or None."""

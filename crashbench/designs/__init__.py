@@ -2,25 +2,33 @@
 
 A design is a class with five duties: `enqueue` (producer), `fetch` and `ack` (worker; `fail` when
 the handler raised), `recover` (the reaper and the delayed-retry mover, called by the harness on a
-timer) and `state` / `backlog` (what the queue still holds, for the counts). One instance per
-process: the harness makes one for enqueueing, reaping and inspection, and every worker makes its
-own after it is forked.
+timer) and `state` / `backlog` (what the queue says it still holds). One instance per process: the
+harness makes one for enqueueing, reaping and inspection, and every worker makes its own after it is
+forked.
+
+The counts never trust `state()`: the harness reads Redis itself (crashbench.inspector) and the
+design only says how a stored entry maps to a job id (`job_of`; the built-ins share one payload
+format, JSON with an "id"), which keys are dead letters, delayed retries or bookkeeping, and, for a
+library's own layout, how to read it (`locate`). `state()` is then checked against that reading.
 
 Built-in designs are imported lazily, so a worker only imports the module it runs.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
+import json
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from crashbench.errors import UsageError
+from crashbench.inspector import Snapshot, StoredKey
 
 if TYPE_CHECKING:
     import redis
@@ -86,6 +94,47 @@ class QueueState:
     requeue_events: int = 0  # how many times recovery gave a job back, in all
 
 
+Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
+
+
+@dataclass(slots=True)
+class Located:
+    """Where the harness found each job in its own reading of Redis (crashbench.inspector)."""
+
+    held: dict[str, list[str]] = field(default_factory=dict)  # job -> every place a copy sits (not dead)
+    dead: dict[str, list[str]] = field(default_factory=dict)  # job -> the dead-letter places it sits in
+    delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
+    failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
+
+    def add(self, job: str, where: str, kind: str = "held") -> None:
+        """kind: "held", "delayed" (held, waiting for its due time), "dead" or "failed"."""
+        if kind == "dead":
+            self.dead.setdefault(job, []).append(where)
+        elif kind == "failed":
+            self.failed.add(job)
+        else:
+            self.held.setdefault(job, []).append(where)
+            if kind == "delayed":
+                self.delayed.add(job)
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def key_entries(key: StoredKey, rel: str) -> Iterator[tuple[str, Entry]]:
+    """(where, entry) for every entry of a key that can hold a job: list / set / sorted-set members,
+    hash values, a string's value, and the stream entries a consumer group still owes."""
+    if key.type == "stream":
+        for where, _, fields in key.stream_places():
+            if fields is not None:
+                yield where or rel, fields
+        return
+    values = key.fields.values() if key.type == "hash" else key.items
+    for v in values:
+        yield rel, v
+
+
 class Design(ABC):
     """Base class for a queue design under test. Subclass it, set `name`, implement the abstract methods.
 
@@ -105,6 +154,17 @@ class Design(ABC):
     # The module a worker of this design imports besides crashbench and redis (a queue library), or "".
     # It is checked before the run, in crashbench's environment or the --worker-python one.
     library: ClassVar[str] = ""
+    # fnmatch patterns of key names (without the prefix) the inspector reads as dead letters, as
+    # delayed retries, or skips as bookkeeping (worker names, heartbeats, sets of ids that are not jobs).
+    DEAD_LETTERS: ClassVar[tuple[str, ...]] = ()
+    DELAYED: ClassVar[tuple[str, ...]] = ()
+    BOOKKEEPING: ClassVar[tuple[str, ...]] = ()
+    # True when a job whose handler raised is forgotten (no retry, no dead letter): such a job counts
+    # as failed, not lost. A design that retries or dead-letters leaves it False: its failed job that
+    # then vanished is a loss.
+    drops_failed: ClassVar[bool] = False
+    # True for a design that promises each job runs once: a duplicate then makes its history invalid.
+    exactly_once: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         self.r = client
@@ -173,7 +233,42 @@ class Design(ABC):
 
     @abstractmethod
     def state(self) -> QueueState:
-        """Everything the queue holds by job id, read once at the end of a run."""
+        """Everything the queue says it holds by job id, read once at the end of a run. The harness
+        checks it against its own reading of Redis (`locate`)."""
+
+    # -- how the harness reads this design's keys (crashbench.inspector) ---------------------------
+
+    def key_patterns(self) -> list[str]:
+        """SCAN MATCH patterns of every key this design may write: by default its namespace."""
+        return [self.prefix + "*"]
+
+    def job_of(self, key: str, entry: Entry) -> str | None:
+        """The job id a stored entry of `key` (its name without the prefix) carries, or None when it is
+        not a job. The built-ins store JSON objects with an "id" (and stream entries with an id field)."""
+        if isinstance(entry, dict):
+            value = entry.get(b"id")
+            return value.decode(errors="replace") if value is not None else None
+        try:
+            data = json.loads(entry)
+        except ValueError:
+            return None
+        job = data.get("id") if isinstance(data, dict) else None
+        return job if isinstance(job, str) else None
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        """Every job in the snapshot, with where it sits: each key of the namespace that is not
+        bookkeeping, entry by entry through `job_of`."""
+        found = Located()
+        for key in snapshot.keys.values():
+            rel = key.name.removeprefix(self.prefix)
+            if _matches(rel, self.BOOKKEEPING):
+                continue
+            kind = "dead" if _matches(rel, self.DEAD_LETTERS) else "delayed" if _matches(rel, self.DELAYED) else "held"
+            for where, entry in key_entries(key, rel):
+                job = self.job_of(rel, entry)
+                if job is not None:
+                    found.add(job, where, kind)
+        return found
 
 
 class LibraryDesign(Design):

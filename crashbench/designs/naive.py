@@ -18,6 +18,7 @@ from crashbench.designs import Design, Job, QueueState
 class NaiveQueue(Design):
     name = "naive"
     summary = "LPUSH + BRPOP: at-most-once, a job popped by a dying worker is gone"
+    drops_failed = True  # fail() is the base class's: the job is forgotten
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         pipe = self.r.pipeline(transaction=False)

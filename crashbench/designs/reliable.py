@@ -116,6 +116,9 @@ class ReliableQueue(Design):
     name = "reliable"
     summary = "BLMOVE to a per-worker processing list + heartbeats + Lua reaper: at-least-once"
     PENDING: ClassVar[str] = "pending"  # the list jobs wait in (the priority design's low list)
+    DEAD_LETTERS = ("dead",)
+    DELAYED = ("delayed",)
+    BOOKKEEPING = ("workers", "heartbeats", "poisoned", "requeued", "stats")
 
     def _high(self) -> list[str]:
         """The scripts' optional last key: where a "priority": "high" job goes back (priority design)."""

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, Job, QueueState
+from crashbench.designs import Design, DesignSettings, Entry, Job, QueueState
 
 GROUP = "workers"
 
@@ -90,6 +90,14 @@ return #due
 class StreamQueue(Design):
     name = "stream"
     summary = "XADD + XREADGROUP + XACK, XAUTOCLAIM recovery in each consumer: at-least-once"
+    DEAD_LETTERS = ("dead",)
+    DELAYED = ("delayed",)
+    BOOKKEEPING = ("poisoned", "requeued", "stats")
+
+    def job_of(self, key: str, entry: Entry) -> str | None:
+        if key == "dead" and isinstance(entry, bytes):
+            return entry.decode(errors="replace")  # the dead letters are bare job ids
+        return super().job_of(key, entry)
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)

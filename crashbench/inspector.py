@@ -1,0 +1,142 @@
+"""The inspector: the harness's own reading of Redis, which no design under test controls.
+
+After the final recovery pass (and at a broker fault) the runner SCANs the run's key patterns on its
+own connection and reads every key by its type: list, set and sorted-set members, hash fields,
+string values, and stream entries with each consumer group's last-delivered id and pending entries
+(the PEL). The design then only says how a stored entry maps to a job id (`Design.job_of`, or
+`Design.locate` for a library's layout); where each job sits, how many times, and whether it is
+there at all is decided from this snapshot, not from the design's own `state()`.
+
+Values are kept as bytes: some libraries store pickles.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import redis
+
+CHUNK = 10_000  # members / entries per round trip for big keys
+
+
+@dataclass(slots=True)
+class StreamGroup:
+    name: str
+    last_delivered: str
+    pending: dict[str, str] = field(default_factory=dict)  # entry id -> consumer that holds it
+
+
+@dataclass(slots=True)
+class StoredKey:
+    name: str
+    type: str  # "list" | "set" | "zset" | "hash" | "string" | "stream" | "none" (gone while we looked)
+    items: list[bytes] = field(default_factory=list)  # list / set / zset members; a string's value
+    fields: dict[bytes, bytes] = field(default_factory=dict)  # hash
+    entries: dict[str, dict[bytes, bytes]] = field(default_factory=dict)  # stream: entry id -> fields
+    groups: list[StreamGroup] = field(default_factory=list)
+
+    def stream_places(self) -> Iterator[tuple[str, str, dict[bytes, bytes] | None]]:
+        """(where, entry id, fields) for every stream entry a consumer group still owes: not yet
+        delivered ("" where) or delivered and pending ("pel:<consumer>"). With no group, every entry is
+        waiting. Fields are None for a pending entry whose data is gone (deleted or trimmed)."""
+        if not self.groups:
+            for eid, fields in self.entries.items():
+                yield "", eid, fields
+            return
+        for group in self.groups:
+            last = _entry_id(group.last_delivered)
+            for eid, fields in self.entries.items():
+                if _entry_id(eid) > last:
+                    yield "", eid, fields
+            for eid, consumer in group.pending.items():
+                yield f"pel:{consumer}", eid, self.entries.get(eid)
+
+
+def _entry_id(eid: str) -> tuple[int, int]:
+    ms, _, seq = eid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    keys: dict[str, StoredKey]
+    taken_s: float = 0.0  # how long reading took, for the run's cost
+
+    def names(self) -> set[str]:
+        return set(self.keys)
+
+
+def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
+    """Every key matching `patterns` (SCAN MATCH), read in full. `client` must not decode responses."""
+    started = time.perf_counter()
+    names: list[bytes] = []
+    seen: set[bytes] = set()
+    for pattern in patterns:
+        for name in client.scan_iter(match=pattern, count=1000):
+            if name not in seen:
+                seen.add(name)
+                names.append(name)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.type(name)
+    types = [t.decode() if isinstance(t, bytes) else str(t) for t in pipe.execute()] if names else []
+    keys: dict[str, StoredKey] = {}
+    for name, kind in zip(names, types, strict=True):
+        text = name.decode(errors="replace")
+        keys[text] = _read(client, name, text, kind)
+    return Snapshot(keys, time.perf_counter() - started)
+
+
+def _read(r: redis.Redis, name: bytes, text: str, kind: str) -> StoredKey:
+    key = StoredKey(text, kind)
+    if kind == "list":
+        n = r.llen(name)
+        for start in range(0, n, CHUNK):
+            key.items.extend(r.lrange(name, start, start + CHUNK - 1))
+    elif kind == "set":
+        key.items = list(r.sscan_iter(name, count=CHUNK))
+    elif kind == "zset":
+        key.items = [m for m, _ in r.zscan_iter(name, count=CHUNK)]
+    elif kind == "hash":
+        key.fields = dict(r.hscan_iter(name, count=CHUNK))
+    elif kind == "string":
+        value = r.get(name)
+        key.items = [] if value is None else [value]
+    elif kind == "stream":
+        _read_stream(r, name, key)
+    return key
+
+
+def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
+    start = "-"
+    while True:
+        chunk = r.xrange(name, start, "+", count=CHUNK)
+        for eid, fields in chunk:
+            key.entries[eid.decode() if isinstance(eid, bytes) else eid] = fields
+        if len(chunk) < CHUNK:
+            break
+        last = chunk[-1][0]
+        start = "(" + (last.decode() if isinstance(last, bytes) else last)
+    for info in r.xinfo_groups(name):
+        gname = _text(info["name"])
+        group = StreamGroup(gname, _text(info["last-delivered-id"]))
+        after = "-"
+        while True:
+            pel = r.xpending_range(name, gname, min=after, max="+", count=CHUNK)
+            for p in pel:
+                group.pending[_text(p["message_id"])] = _text(p["consumer"])
+            if len(pel) < CHUNK:
+                break
+            after = "(" + _text(pel[-1]["message_id"])
+        key.groups.append(group)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def raw_client(url: str) -> redis.Redis:
+    """The inspector's own connection: bytes in, bytes out."""
+    return redis.Redis.from_url(url, decode_responses=False)

@@ -1,0 +1,118 @@
+"""Saboteurs: designs that misbehave in known ways, so every count they produce is known in advance,
+ids included, and designs whose own report lies, so the evidence checks must catch them.
+
+SaboteurQueue is the reliable queue (which survives kills) with an enqueue that plants, per job id n:
+    n % 20 == 3    dropped at enqueue                          -> lost
+    n % 20 == 5    pushed twice                                -> duplicated (two completions)
+    n % 20 == 7    parked in a list no worker reads, reported  -> stranded at "parked"
+    n % 20 == 9    put straight into the dead letters          -> dead-lettered
+    n % 20 == 11   hidden in a list state() does not report    -> stranded at "hidden", and the
+                                                                  check state_misses names them
+and PHANTOMS ids the producer never enqueued                  -> unexpected
+Its backlog() counts only pending, delayed and processing, like reliable's: the parked and hidden
+jobs are left behind in a "drained" queue, which the check backlog_wrong must name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+from crashbench.designs import Job, QueueState
+from crashbench.designs.naive import NaiveQueue
+from crashbench.designs.reliable import ReliableQueue
+
+PHANTOMS = ("p0", "p1", "p2")
+
+
+def planted(ids: Sequence[str]) -> dict[str, set[str]]:
+    """What SaboteurQueue plants among `ids`, by the outcome it must produce."""
+    by = {"lost": 3, "duplicated": 5, "parked": 7, "dead_lettered": 9, "hidden": 11}
+    return {name: {j for j in ids if int(j) % 20 == r} for name, r in by.items()}
+
+
+class SaboteurQueue(ReliableQueue):
+    name = "saboteur"
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            raw = json.dumps({"id": job.id, "payload": job.payload, "attempts": 0})
+            r = int(job.id) % 20
+            if r == 3:
+                continue
+            target = {7: "parked", 9: "dead", 11: "hidden"}.get(r, "pending")
+            pipe.lpush(self.key(target), raw)
+            if r == 5:
+                pipe.lpush(self.key("pending"), raw)
+        if not self.r.exists(self.key("phantoms-sent")):
+            pipe.set(self.key("phantoms-sent"), 1)
+            for p in PHANTOMS:
+                pipe.lpush(self.key("pending"), json.dumps({"id": p, "payload": "", "attempts": 0}))
+        pipe.execute()
+
+    def state(self) -> QueueState:
+        state = super().state()
+        for raw in self.r.lrange(self.key("parked"), 0, -1):
+            state.held[json.loads(raw)["id"]] = "parked"
+        return state  # "hidden" is left out on purpose
+
+
+class GhostState(NaiveQueue):
+    """The naive queue whose state() claims jobs it does not hold, as held and as dead-lettered."""
+
+    name = "ghost-state"
+    GHOSTS = ("000010", "000020")
+    DEAD_GHOSTS = ("000030",)
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.held |= dict.fromkeys(self.GHOSTS, "pending")
+        state.dead_lettered |= set(self.DEAD_GHOSTS)
+        return state
+
+
+class ZeroBacklog(ReliableQueue):
+    """The reliable queue whose backlog() always says 0, and whose workers dawdle between jobs, so that
+    the drain soon finds them all idle: the run "drains" with most jobs still pending."""
+
+    name = "zero-backlog"
+
+    def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
+        time.sleep(0.05)
+        return super().fetch(worker, timeout, now)
+
+    def backlog(self) -> int:
+        return 0
+
+
+class InflatedRequeues(ReliableQueue):
+    """The reliable queue whose state() reports requeued jobs that no requeue event gave back."""
+
+    name = "inflated-requeues"
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.requeued |= {"000001", "000002", "000003"}
+        return state
+
+
+class BadLocation(NaiveQueue):
+    """state() with a location that is not a string: the run must say so, not crash."""
+
+    name = "bad-location"
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.held["000001"] = 42  # type: ignore[assignment]
+        return state
+
+
+class StateRaises(NaiveQueue):
+    """state() raises: an unexpected error, never exit 1."""
+
+    name = "state-raises"
+
+    def state(self) -> QueueState:
+        raise ZeroDivisionError("state is broken on purpose")

@@ -1,0 +1,122 @@
+"""Saboteur designs on a real server with real SIGKILLs: the counts must come out exactly as planted,
+ids included, and a design whose own report lies must be caught by the evidence checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import pytest
+import redis
+from designs_saboteur import PHANTOMS, GhostState, planted
+
+from crashbench.errors import UnexpectedError
+from crashbench.scenario import Scenario
+from crashbench.session import Options, run_designs
+from crashbench.workload import job_ids
+
+
+def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    return {p.check: p.ids for p in run.problems}
+
+
+@pytest.mark.parametrize("kills, seed", [(0, 1), (5, 1), (5, 2)])
+def test_saboteur_counts_come_out_exactly_as_planted(valkey_url: str, small: Scenario, kills: int, seed: int) -> None:
+    sc = dataclasses.replace(small, kills=kills, seed=seed)
+    run = run_designs(sc, ["designs_saboteur:SaboteurQueue"], Options(redis_url=valkey_url)).runs[0]
+    plant = planted(job_ids(sc.jobs))
+    c = run.counts
+    assert set(run.jobs["lost"]) == plant["lost"] and c.lost == len(plant["lost"]) == 30
+    assert set(run.duplicates) == plant["duplicated"] and c.duplicated == 30
+    assert set(run.jobs["stranded"]) == plant["parked"] | plant["hidden"] and c.stranded == 60
+    assert c.stranded_at == {"hidden": 30, "parked": 30}
+    assert set(run.jobs["dead_lettered"]) == plant["dead_lettered"] and c.dead_lettered == 30
+    assert c.unexpected == len(PHANTOMS)
+    assert c.done == 600 - 30 * 4
+    assert (c.kills_mid_job, c.interrupted) == (kills, kills)
+    # The design's report hides one list, and its backlog() ignores both: exactly those checks fire.
+    found = checks(run)
+    assert set(found) == {"state_misses", "backlog_wrong"}
+    assert set(found["state_misses"]) == plant["hidden"]
+    assert set(found["backlog_wrong"]) == plant["parked"] | plant["hidden"]
+    assert run.total_queue is not None and not run.total_queue.valid
+
+
+def test_a_state_that_claims_jobs_it_does_not_hold_is_named(valkey_url: str, small: Scenario) -> None:
+    run = run_designs(small, ["designs_saboteur:GhostState"], Options(redis_url=valkey_url)).runs[0]
+    found = checks(run)
+    assert found["state_claims_absent"] == list(GhostState.GHOSTS)
+    assert found["state_claims_dead"] == list(GhostState.DEAD_GHOSTS)
+    # The lie changes no count: what the kills took is lost, not stranded or dead-lettered.
+    c = run.counts
+    assert (c.lost, c.stranded, c.dead_lettered) == (c.kills_mid_job, 0, 0) == (5, 0, 0)
+    assert run.workdir is not None  # the evidence behind a wrong report is kept
+
+
+def test_a_backlog_that_always_says_zero_is_caught(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, ["designs_saboteur:ZeroBacklog"], Options(redis_url=valkey_url)).runs[0]
+    c = run.counts
+    assert run.timings.drained  # it believed its backlog() ...
+    assert c.stranded > 400 and c.done + c.stranded == 600  # ... and the snapshot shows the truth
+    assert set(checks(run)["backlog_wrong"]) == set(sorted(run.jobs["stranded"])[:100])
+
+
+def test_requeues_without_requeue_events_are_caught(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, ["designs_saboteur:InflatedRequeues"], Options(redis_url=valkey_url)).runs[0]
+    assert checks(run) == {"requeue_events_below": ["000001", "000002", "000003"]}
+
+
+def test_a_location_that_is_not_a_string_is_a_problem_not_a_crash(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, ["designs_saboteur:BadLocation"], Options(redis_url=valkey_url)).runs[0]
+    assert "state_types" in checks(run)
+
+
+def test_a_design_that_raises_is_an_unexpected_error_with_its_workdir_kept(valkey_url: str, small: Scenario) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    with pytest.raises(UnexpectedError) as info:
+        run_designs(sc, ["designs_saboteur:StateRaises"], Options(redis_url=valkey_url))
+    message = info.value.message
+    assert "ZeroDivisionError: state is broken on purpose" in message
+    assert "designs_saboteur.py" in message and "in state" in message
+    assert "kept in" in message
+    kept = message.rsplit("kept in ", 1)[1].strip()
+    assert (__import__("pathlib").Path(kept) / "ledger").is_dir()
+    __import__("shutil").rmtree(kept)
+
+
+@pytest.mark.parametrize("kills", [0, 5])
+def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
+    valkey_url: str, small: Scenario, kills: int
+) -> None:
+    """Nothing in the design knows: a client outside the run removes ten known jobs from the pending
+    list right after the enqueue, before any worker can reach them (they are the last in line)."""
+    sc = dataclasses.replace(small, kills=kills)
+    victims = [f"{n:06d}" for n in range(590, 600)]
+    removed: list[int] = []
+    client = redis.Redis.from_url(valkey_url, decode_responses=True)
+
+    def delete() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not removed:
+            for key in client.scan_iter("crashbench:*reliable:pending"):
+                if client.llen(key) >= 500:
+                    for j in victims:
+                        raw = json.dumps({"id": j, "payload": f'{{"n": {int(j)}}}', "attempts": 0})
+                        removed.append(client.lrem(key, 1, raw))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=delete)
+    thread.start()
+    try:
+        run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    finally:
+        thread.join()
+        client.close()
+    assert removed == [1] * 10
+    assert sorted(run.jobs["lost"]) == victims and run.counts.lost == 10
+    assert run.counts.done == 590 and run.problems == []
