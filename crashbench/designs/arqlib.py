@@ -12,6 +12,11 @@ arq job id is the run prefix P followed by crashbench's job id (A):
     arq:in-progress:A       set, with a TTL of job_timeout + 10 s, by the worker that starts the job
     arq:retry:A             how many times the job was started
     arq:result:A            pickle of the outcome, success or not, kept keep_result seconds
+    P queue:health-check    the worker's health line
+
+The queue names arq job ids only; a job is held there only while its arq:job key exists (a worker
+that dequeues an id whose job key is gone fails it as expired). A result with success False is arq's
+record of a failure.
 
 A worker polls the queue every poll_delay and starts a due job unless its in-progress key exists.
 Nothing acknowledges a job before it ends, so a job whose worker was killed stays in the queue; once
@@ -38,7 +43,8 @@ from typing import Any, ClassVar
 
 import redis
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 FUNCTION = "crashbench_handle"
@@ -70,6 +76,15 @@ def _load(raw: bytes) -> dict[str, Any]:
     return _Unpickler(io.BytesIO(raw)).load()
 
 
+def _success(raw: bytes) -> bool:
+    """Whether a stored arq result says the job succeeded; one that cannot be read records no failure."""
+    try:
+        result = _load(raw)
+    except Exception:  # whatever unpickling fails with, the value is not a result arq wrote
+        return True
+    return not isinstance(result, dict) or bool(result.get("s", True))
+
+
 async def crashbench_handle(ctx: dict[str, Any], job_id: str) -> None:
     # The handler is synchronous (it sleeps); a thread keeps arq's event loop and job timeout alive.
     await asyncio.to_thread(handle, job_id, ctx["job_try"])
@@ -81,6 +96,7 @@ class ArqQueue(LibraryDesign):
     library = "arq"
     namespaced = False
     reliable: ClassVar[bool] = False
+    drops_failed = False  # a job that raised leaves a result with success False (kept keep_result seconds)
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -146,6 +162,28 @@ class ArqQueue(LibraryDesign):
             if raw is not None and not _load(raw).get("s", True):
                 failed.add(self._job_id(key.removeprefix(b"arq:result:")))
         return QueueState(held=held, failed=failed)
+
+    def key_patterns(self) -> list[str]:
+        # The queue and the health check live under the prefix; each per-job key is "arq:<kind>:" then
+        # an arq id, which starts with the prefix.
+        kinds = ("job", "in-progress", "retry", "result")
+        return [self.prefix + "*", *(f"arq:{kind}:{self.prefix}*" for kind in kinds)]
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        queue = snapshot.keys.get(self.queue)
+        for member in queue.items if queue is not None else ():
+            arq_id = member.decode(errors="replace")
+            body = snapshot.keys.get(f"arq:job:{arq_id}")
+            if not arq_id.startswith(self.prefix) or body is None or body.type != "string":
+                continue
+            running = f"arq:in-progress:{arq_id}" in snapshot.keys
+            found.add(self._job_id(arq_id), "in-progress" if running else "queue")
+        results = f"arq:result:{self.prefix}"
+        for name, stored in snapshot.keys.items():
+            if name.startswith(results) and stored.type == "string" and stored.items and not _success(stored.items[0]):
+                found.add(self._job_id(name.removeprefix("arq:result:")), "result", "failed")
+        return found
 
 
 class ArqReliable(ArqQueue):

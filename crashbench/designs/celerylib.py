@@ -6,6 +6,11 @@ Keys (all under the run prefix P, through kombu's `global_keyprefix` transport o
     P unacked_index         sorted set delivery tag -> delivery time, for the visibility timeout
     P unacked_mutex         the restore sweep's lock
     P _kombu.binding.jobs   kombu's routing table
+    P jobs<sep><n>          the list for priority n > 0 (kombu's priority steps; no task here sets one)
+
+A message is its own body (the list entry, the unacked value), so whatever holds one holds the job. A
+delivery tag in unacked_index without its unacked entry holds nothing; an unacked entry without its
+index entry is a job the visibility sweep never restores ("unacked:unindexed").
 
 Each worker slot runs `app.Worker` with the prefork pool (concurrency 1): the task runs in a pool
 child process, so faults go to the worker's whole process tree.
@@ -28,11 +33,27 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 QUEUE = "jobs"
 TASK = "crashbench.handle"
+PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: the list of priority n is <queue><sep><n>
+
+
+def _task_id(message: Any) -> str | None:
+    """The task id in a kombu message (protocol 2: headers.id), or None for anything else."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    task_id = headers.get("id") if isinstance(headers, dict) else None
+    return task_id if isinstance(task_id, str) else None
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 class CeleryQueue(LibraryDesign):
@@ -40,6 +61,8 @@ class CeleryQueue(LibraryDesign):
     summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
     library = "celery"
     acks_late: ClassVar[bool] = False
+    # No retries are configured: a task that raised is acked (early, or late: task_acks_on_failure_or_timeout).
+    drops_failed = True
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -100,6 +123,24 @@ class CeleryQueue(LibraryDesign):
         for raw in self.r.hvals(self.key("unacked")):
             held[json.loads(raw)[0]["headers"]["id"]] = "unacked"
         return QueueState(held=held)
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        queue = self.key(QUEUE)
+        for name, stored in snapshot.keys.items():
+            if stored.type == "list" and (name == queue or name.startswith(queue + PRIORITY_SEP)):
+                for raw in stored.items:
+                    if (job := _task_id(_json(raw))) is not None:
+                        found.add(job, "queue")
+        unacked = snapshot.keys.get(self.key("unacked"))
+        index = snapshot.keys.get(self.key("unacked_index"))
+        indexed = set(index.items) if index is not None else set()
+        for tag, raw in unacked.fields.items() if unacked is not None else ():
+            entry = _json(raw)  # [message, exchange, routing key]
+            job = _task_id(entry[0]) if isinstance(entry, list) and entry else None
+            if job is not None:
+                found.add(job, "unacked" if tag in indexed else "unacked:unindexed")
+        return found
 
 
 class CeleryAcksLate(CeleryQueue):

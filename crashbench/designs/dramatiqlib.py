@@ -7,6 +7,11 @@ Keys (all under the run prefix P, Dramatiq's `namespace`; N = P with the trailin
     N:__heartbeats__             sorted set worker -> last heartbeat
     N:jobs.DQ, N:jobs.DQ.msgs    delayed messages (Dramatiq's retries with backoff)
     N:jobs.XQ, N:jobs.XQ.msgs    dead-lettered messages
+    N:__acks__.<worker>.jobs.DQ  delayed messages a worker fetched and holds until their eta
+
+The id lists and ack sets name message ids; the message, and the job id in it (args[0]), is only in
+the .msgs hash, so a job is where its message body is. A message that is in the .msgs hash but in no
+list and no ack set is never delivered again: it is held at "msgs-only" so the run shows it.
 
 Each slot runs `dramatiq.Worker(broker, worker_threads=1)` in-process (the `dramatiq` command runs
 the same class in the processes it forks) and stops it on SIGTERM as the command does. Dramatiq acks
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -33,10 +39,23 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
-from crashbench.designs import OBSERVE_MARGIN, DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.designs import OBSERVE_MARGIN, DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 QUEUE = "jobs"
+DELAYED = f"{QUEUE}.DQ"  # Dramatiq's delay queue for QUEUE
+DEAD = f"{QUEUE}.XQ"  # and its dead-letter queue
+
+
+def _message_job(raw: bytes) -> str | None:
+    """The job id a stored Dramatiq message carries (its first argument), or None."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    args = message.get("args") if isinstance(message, dict) else None
+    return args[0] if isinstance(args, list) and args and isinstance(args[0], str) else None
 
 
 def run_message(job_id: str) -> None:
@@ -52,6 +71,7 @@ class DramatiqQueue(LibraryDesign):
     summary = "Dramatiq 2.x, Redis broker, as installed: ack after the actor, dead workers found after 60 s"
     library = "dramatiq"
     reliable: ClassVar[bool] = False
+    drops_failed = False  # the Retries middleware retries a message that raised, then dead-letters it (XQ)
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -109,6 +129,38 @@ class DramatiqQueue(LibraryDesign):
         held |= dict.fromkeys(self._jobs(f"{self.ns}:{QUEUE}.DQ.msgs").values(), "delayed")
         dead = set(self._jobs(f"{self.ns}:{QUEUE}.XQ.msgs").values())
         return QueueState(held=held, dead_lettered=dead)
+
+    def _acked(self, snapshot: Snapshot) -> dict[str, dict[bytes, list[str]]]:
+        """queue name -> message id -> the workers whose ack set for that queue holds it."""
+        marker = self.key("__acks__.")
+        acked: dict[str, dict[bytes, list[str]]] = {}
+        for name, stored in snapshot.keys.items():
+            if name.startswith(marker) and stored.type == "set":
+                worker, _, queue = name.removeprefix(marker).partition(".")  # worker ids have no "."
+                for mid in stored.items:
+                    acked.setdefault(queue, {}).setdefault(mid, []).append(worker)
+        return acked
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        acked = self._acked(snapshot)
+        for queue, kind in ((QUEUE, "held"), (DELAYED, "delayed")):
+            listed = snapshot.keys.get(self.key(queue))
+            waiting = Counter(listed.items if listed is not None else ())
+            bodies = snapshot.keys.get(self.key(f"{queue}.msgs"))
+            for mid, raw in bodies.fields.items() if bodies is not None else ():
+                if (job := _message_job(raw)) is None:
+                    continue
+                places = ["queue"] * waiting[mid] + [f"acks:{w}" for w in acked.get(queue, {}).get(mid, [])]
+                if not places:
+                    found.add(job, "msgs-only")  # not delayed either: no worker will ever fetch it
+                for where in places:
+                    found.add(job, where if kind == "held" else f"delayed:{where}", kind)
+        dead = snapshot.keys.get(self.key(f"{DEAD}.msgs"))
+        for raw in dead.fields.values() if dead is not None else ():
+            if (job := _message_job(raw)) is not None:
+                found.add(job, "XQ", "dead")
+        return found
 
 
 class DramatiqReliable(DramatiqQueue):

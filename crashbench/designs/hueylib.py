@@ -5,6 +5,9 @@ name = the run prefix made alphanumeric (N):
     huey.redis.N        list of pickled task messages waiting
     huey.schedule.N     sorted set of tasks waiting for their eta (retries with a delay)
     huey.results.N      results (switched off here)
+    huey.counters.N, huey.notify.N.*    counters and result notifications (unused here)
+
+Each list / sorted-set member is the whole message, so whatever holds one holds the job.
 
 huey pops a message off the list (RPOP) and runs it: nothing in Redis remembers a task a worker
 holds, so a worker killed while running it loses it (at-most-once), like the naive design. huey has
@@ -18,7 +21,8 @@ from collections.abc import Callable, Sequence
 import redis
 from huey import RedisHuey
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 
@@ -27,6 +31,7 @@ class HueyQueue(LibraryDesign):
     summary = "huey, Redis storage, as installed: RPOP of the task, at-most-once like naive"
     library = "huey"
     namespaced = False
+    drops_failed = True  # no retries configured: huey logs a task that raised and forgets it
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -49,3 +54,27 @@ class HueyQueue(LibraryDesign):
         held = {t.args[0]: "queue" for t in self.huey.pending()}
         held |= {t.args[0]: "schedule" for t in self.huey.scheduled()}
         return QueueState(held=held)
+
+    def key_patterns(self) -> list[str]:
+        # huey's keys are named after the cleaned name alone ([A-Za-z0-9_], no glob characters).
+        storage = self.huey.storage
+        keys = [storage.queue_key, storage.schedule_key, storage.result_key, storage.counter_key]
+        return [*keys, storage.notify_prefix + "*"]
+
+    def _message_job(self, raw: bytes) -> str | None:
+        """The job id of a stored message: huey's serializer (pickle) gives its Message tuple."""
+        try:
+            args = self.huey.serializer.deserialize(raw).args
+        except Exception:  # whatever unpickling fails with, it is not one of our messages
+            return None
+        return args[0] if isinstance(args, tuple | list) and args and isinstance(args[0], str) else None
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        storage = self.huey.storage
+        for key, where, kind in ((storage.queue_key, "queue", "held"), (storage.schedule_key, "schedule", "delayed")):
+            stored = snapshot.keys.get(key)
+            for raw in stored.items if stored is not None else ():
+                if (job := self._message_job(raw)) is not None:
+                    found.add(job, where, kind)
+        return found

@@ -2,11 +2,16 @@
 
 Keys: RQ's own layout, outside crashbench's namespace (so these designs refuse --redis-url):
     rq:queue:<Q>        list of job ids waiting        (Q = crashbench-<run>-<index>-<design>)
+    rq:queue:<Q>:intermediate   ids a worker popped (BLMOVE) and its work horse has not yet started
     rq:job:<Q>-<id>     hash: the job (func crashbench.designs.rqlib.run_job, args (id,))
     rq:wip:<Q>          StartedJobRegistry: executing, scored by heartbeat expiry
     rq:scheduled:<Q>    ScheduledJobRegistry: retries waiting for their interval (rq:reliable)
     rq:failed:<Q>       FailedJobRegistry: failed, including abandoned jobs (AbandonedJobError)
     rq:worker:<Q>-<w>   the worker's registration
+    rq:results:<Q>-<id>, rq:executions:<Q>-<id>, rq:execution:<Q>-<id>:<e>, rq:finished:<Q>, ...
+                        results and bookkeeping, not places a job waits in
+A list or registry holds only the id: a job counts as held there only while its rq:job hash exists
+(RQ skips an id whose hash is gone).
 
 The worker is RQ's default `Worker`: it forks a work horse per job (which leaves the worker's process
 group), so faults go to the worker's whole process tree. A job whose horse dies stays in rq:wip
@@ -27,9 +32,11 @@ from typing import Any, ClassVar
 
 import redis
 from rq import Queue, Retry, Worker, get_current_job
+from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 
@@ -113,16 +120,63 @@ class RQQueue(LibraryDesign):
 
     def backlog(self) -> int:
         # Raw reads: RQ's own count() would run its cleanup, which is recovery the library must do itself.
+        # The intermediate list counts: a worker killed between its BLMOVE and its horse's start leaves
+        # the job there until a maintenance pass (a minute later at the earliest) fails it.
         started = StartedJobRegistry(queue=self.queue).key
         scheduled = ScheduledJobRegistry(queue=self.queue).key
-        return int(self.raw.llen(self.queue.key) + self.raw.zcard(started) + self.raw.zcard(scheduled))
+        waiting = self.raw.llen(self.queue.key) + self.raw.llen(self.queue.intermediate_queue_key)
+        return int(waiting + self.raw.zcard(started) + self.raw.zcard(scheduled))
 
     def state(self) -> QueueState:
         held = dict.fromkeys(self._ids(self.queue.key, "list"), "queue")
+        held |= dict.fromkeys(self._ids(self.queue.intermediate_queue_key, "list"), "intermediate")
         held |= dict.fromkeys(self._ids(ScheduledJobRegistry(queue=self.queue).key, "zset"), "scheduled")
         held |= dict.fromkeys(self._ids(StartedJobRegistry(queue=self.queue).key, "zset"), "started")
         failed = set(self._ids(FailedJobRegistry(queue=self.queue).key, "zset"))
         return QueueState(held=held, failed=failed)
+
+    def key_patterns(self) -> list[str]:
+        # Q has no ":" and ends in this run's index and design, so no other run's key matches: the
+        # per-queue keys end in ":<Q>", the per-job ones carry "<Q>-<id>", the intermediate list and
+        # its first-seen markers extend rq:queue:<Q>. RQ's global sets (rq:queues, rq:workers) and its
+        # scheduler's registration are shared by every queue on the server and hold no job.
+        q = self.qname
+        return [f"rq:*:{q}", f"rq:*:{q}-*", f"rq:queue:{q}:*"]
+
+    def _member_job(self, member: bytes, snapshot: Snapshot) -> str | None:
+        """The crashbench job id of a list / registry member, or None when it is not one of this run's
+        jobs or its job hash is gone: RQ then has nothing to run (its dequeue skips the id)."""
+        rq_id = self._rq_member(member)
+        if rq_id is None:
+            return None
+        body = snapshot.keys.get(RQJob.key_for(rq_id))
+        return self._job_id(rq_id) if body is not None and body.type == "hash" else None
+
+    def _rq_member(self, member: bytes) -> str | None:
+        rq_id = member.decode(errors="replace").split(":")[0]  # rq:wip entries are "<job>:<execution>"
+        return rq_id if rq_id.startswith(f"{self.qname}-") else None
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        places = (
+            (self.queue.key, "queue", "held"),
+            (self.queue.intermediate_queue_key, "intermediate", "held"),
+            (StartedJobRegistry(queue=self.queue).key, "started", "held"),
+            (ScheduledJobRegistry(queue=self.queue).key, "scheduled", "delayed"),
+        )
+        for key, where, kind in places:
+            stored = snapshot.keys.get(key)
+            for member in stored.items if stored is not None else ():
+                job = self._member_job(member, snapshot)
+                if job is not None:
+                    found.add(job, where, kind)
+        # The failed registry is RQ's record of the failure itself, kept failure_ttl (a year by
+        # default): it counts whether or not the job hash is still there.
+        failed = snapshot.keys.get(FailedJobRegistry(queue=self.queue).key)
+        for member in failed.items if failed is not None else ():
+            if (rq_id := self._rq_member(member)) is not None:
+                found.add(self._job_id(rq_id), "failed", "failed")
+        return found
 
 
 class RQReliable(RQQueue):

@@ -1,0 +1,230 @@
+"""Each library adapter's `locate`: the harness's own reading of the library's key layout (real server).
+
+Every test enqueues through the adapter, then plants in Redis the inconsistencies a crash can leave
+(a body gone while its id is still listed, an id listed nowhere, a failure record) and checks that
+`locate` reports exactly what the library could still deliver, and nothing of a neighbouring run.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from crashbench import inspector
+from crashbench.designs import Design, DesignSettings, Job, Located, load_design, safe_name
+from tests.test_libraries import installed
+
+JOBS = ["000001", "000002", "000003", "000004", "000005"]
+NEIGHBOUR_JOBS = ["900001", "900002"]  # enqueued by another run on the same server: never located
+
+
+@pytest.fixture
+def run_id() -> str:
+    return secrets.token_hex(4)
+
+
+def _design(client: redis.Redis, spec: str, run_id: str, index: int) -> Design:
+    prefix = f"crashbench:{run_id}:{index}-{safe_name(spec)}:"
+    return load_design(spec)(client, prefix, DesignSettings())
+
+
+@pytest.fixture
+def raw(valkey_url: str) -> Iterator[redis.Redis]:
+    r = inspector.raw_client(valkey_url)
+    yield r
+    r.close()
+
+
+def _enqueued(client: redis.Redis, raw: redis.Redis, spec: str, run_id: str) -> tuple[Design, Design]:
+    """The design under test (index 1) with JOBS enqueued, and a run of the same design at index 10
+    (names one digit apart) holding NEIGHBOUR_JOBS: the two runs' patterns must reach disjoint keys."""
+    neighbour = _design(client, spec, run_id, 10)
+    neighbour.enqueue([Job(j) for j in NEIGHBOUR_JOBS])
+    design = _design(client, spec, run_id, 1)
+    design.enqueue([Job(j) for j in JOBS])
+    ours = set(inspector.take(raw, design.key_patterns()).keys)
+    theirs = set(inspector.take(raw, neighbour.key_patterns()).keys)
+    assert ours and theirs and not ours & theirs
+    return design, neighbour
+
+
+def _locate(design: Design, raw: redis.Redis) -> Located:
+    found = design.locate(inspector.take(raw, design.key_patterns()))
+    assert not (set(found.held) | set(found.dead) | found.failed) & set(NEIGHBOUR_JOBS)
+    return found
+
+
+def _held(found: Located) -> dict[str, list[str]]:
+    return {j: sorted(places) for j, places in found.held.items()}
+
+
+@installed("rq")
+def test_rq_holds_a_job_only_while_its_job_hash_exists(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    d, _ = _enqueued(client, raw, "rq", run_id)
+    q = d.qname  # type: ignore[attr-defined]
+    found = _locate(d, raw)
+    assert _held(found) == {j: ["queue"] for j in JOBS}
+    assert (found.dead, found.delayed, found.failed) == ({}, set(), set())
+
+    def rq(job: str) -> str:
+        return f"{q}-{job}"
+
+    # 000001: still queued, its hash expired or deleted (and a started entry of it as well);
+    # 000002: popped into the intermediate list, its horse not started; 000003: started;
+    # 000004: a retry waiting in the scheduled registry; 000005: in the failed registry.
+    raw.delete(f"rq:job:{rq('000001')}")
+    raw.zadd(f"rq:wip:{q}", {f"{rq('000001')}:execution-2": time.time() + 60})
+    raw.lrem(f"rq:queue:{q}", 0, rq("000002"))
+    raw.rpush(f"rq:queue:{q}:intermediate", rq("000002"))
+    for job, registry, member in (
+        ("000003", "wip", f"{rq('000003')}:execution-1"),  # wip entries are "<job>:<execution>"
+        ("000004", "scheduled", rq("000004")),
+        ("000005", "failed", rq("000005")),
+    ):
+        raw.lrem(f"rq:queue:{q}", 0, rq(job))
+        raw.zadd(f"rq:{registry}:{q}", {member: time.time() + 60})
+
+    found = _locate(d, raw)
+    assert _held(found) == {"000002": ["intermediate"], "000003": ["started"], "000004": ["scheduled"]}
+    assert found.delayed == {"000004"}
+    assert found.failed == {"000005"}
+    assert d.backlog() == 5  # the queue's own count still includes 000001 (and its started entry)
+    assert "000001" in d.state().held  # the design's own report still lists it: the harness's reading differs
+
+
+@installed("rq")
+def test_rq_failed_registry_counts_without_the_job_hash(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    d, _ = _enqueued(client, raw, "rq", run_id)
+    q = d.qname  # type: ignore[attr-defined]
+    raw.lrem(f"rq:queue:{q}", 0, f"{q}-000002")
+    raw.delete(f"rq:job:{q}-000002")
+    raw.zadd(f"rq:failed:{q}", {f"{q}-000002": time.time() + 60})
+    found = _locate(d, raw)
+    assert found.failed == {"000002"} and "000002" not in found.held
+
+
+def _celery_message(raw: redis.Redis, list_key: str) -> tuple[str, bytes]:
+    """Pop the message a worker would take next (kombu BRPOPs), as its task id and raw JSON."""
+    message = raw.rpop(list_key)
+    return json.loads(message)["headers"]["id"], message
+
+
+@installed("celery")
+def test_celery_places_queue_and_unacked_messages(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    d, neighbour = _enqueued(client, raw, "celery", run_id)
+    try:
+        found = _locate(d, raw)
+        assert _held(found) == {j: ["queue"] for j in JOBS}
+
+        p = d.prefix
+        delivered, m1 = _celery_message(raw, p + "jobs")
+        unindexed, m2 = _celery_message(raw, p + "jobs")
+        dropped, _ = _celery_message(raw, p + "jobs")  # taken and acked: gone
+        # A delivery as kombu records it: the unacked entry and its index entry, in one transaction.
+        raw.hset(p + "unacked", "tag-1", json.dumps([json.loads(m1), "", "jobs"]))
+        raw.zadd(p + "unacked_index", {"tag-1": time.time()})
+        # An entry the visibility sweep cannot find, and an index entry with nothing behind it.
+        raw.hset(p + "unacked", "tag-2", json.dumps([json.loads(m2), "", "jobs"]))
+        raw.zadd(p + "unacked_index", {"tag-3": time.time()})
+
+        found = _locate(d, raw)
+        expected = {j: ["queue"] for j in JOBS if j not in (delivered, unindexed, dropped)}
+        assert _held(found) == expected | {delivered: ["unacked"], unindexed: ["unacked:unindexed"]}
+        assert set(d.state().held) == set(found.held)
+    finally:
+        for design in (d, neighbour):
+            design.app.close()  # type: ignore[attr-defined]
+
+
+@installed("dramatiq")
+def test_dramatiq_holds_a_job_where_its_message_body_is(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    d, _ = _enqueued(client, raw, "dramatiq", run_id)
+    p = d.prefix
+    found = _locate(d, raw)
+    assert _held(found) == {j: ["queue"] for j in JOBS}
+
+    bodies = raw.hgetall(p + "jobs.msgs")
+    mid = {json.loads(m)["args"][0]: k for k, m in bodies.items()}
+    # 000001: fetched by worker w1 (in its ack set); 000002: its body gone, its id still queued;
+    # 000003: its body kept, its id in no list and no ack set; 000004: a retry waiting in the delay
+    # queue; 000005: dead-lettered.
+    raw.lrem(p + "jobs", 0, mid["000001"])
+    raw.sadd(p + "__acks__.w1.jobs", mid["000001"])
+    raw.hdel(p + "jobs.msgs", mid["000002"])
+    raw.lrem(p + "jobs", 0, mid["000003"])
+    for job, queue in (("000004", "jobs.DQ"), ("000005", "jobs.XQ")):
+        raw.lrem(p + "jobs", 0, mid[job])
+        raw.hdel(p + "jobs.msgs", mid[job])
+        raw.hset(p + queue + ".msgs", mid[job], bodies[mid[job]])
+    raw.rpush(p + "jobs.DQ", mid["000004"])
+    raw.zadd(p + "jobs.XQ", {mid["000005"]: time.time()})
+    raw.sadd(p + "__acks__.w2.jobs", mid["000002"])  # an ack-set entry without a body either
+
+    found = _locate(d, raw)
+    assert _held(found) == {"000001": ["acks:w1"], "000003": ["msgs-only"], "000004": ["delayed:queue"]}
+    assert found.delayed == {"000004"}
+    assert found.dead == {"000005": ["XQ"]}
+    assert found.failed == set()
+    state = d.state()
+    assert set(state.held) == set(found.held) and state.dead_lettered == set(found.dead)
+
+
+@installed("huey")
+def test_huey_places_queued_and_scheduled_messages(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    d, _ = _enqueued(client, raw, "huey", run_id)
+    storage = d.huey.storage  # type: ignore[attr-defined]
+    found = _locate(d, raw)
+    assert _held(found) == {j: ["queue"] for j in JOBS}
+    assert found.delayed == set()
+
+    def take() -> tuple[str, bytes]:
+        """Pop the next message as huey's consumer does (RPOP): its job id and its bytes."""
+        message = raw.rpop(storage.queue_key)
+        return d.huey.serializer.deserialize(message).args[0], message  # type: ignore[attr-defined]
+
+    scheduled, message = take()
+    raw.zadd(storage.schedule_key, {message: time.time() + 60})  # a retry waiting for its eta
+    dropped, _ = take()  # popped by a worker that died: nothing in Redis remembers it
+    raw.lpush(storage.queue_key, b"not a pickle")  # not a message of ours: no job
+
+    found = _locate(d, raw)
+    expected = {j: ["queue"] for j in JOBS if j not in (scheduled, dropped)}
+    assert _held(found) == expected | {scheduled: ["schedule"]}
+    assert found.delayed == {scheduled}
+    assert set(d.state().held) == set(found.held)
+
+
+def _arq_result(success: bool) -> bytes:
+    """A result as arq pickles it; a failure carries an exception class the harness cannot import."""
+    data = pickle.dumps({"t": 1, "f": "crashbench_handle", "s": success, "r": ValueError("job failed")}, protocol=0)
+    foreign = data.replace(b"cexceptions\nValueError", b"carq.jobs\nJobExecutionFailed")
+    assert foreign != data  # protocol 0 names the class in plain text
+    return foreign
+
+
+def test_arq_holds_a_job_only_while_its_job_key_exists(client: redis.Redis, raw: redis.Redis, run_id: str) -> None:
+    # The harness side of arq is plain redis-py: no arq needed.
+    d, _ = _enqueued(client, raw, "arq", run_id)
+    p = d.prefix
+    found = _locate(d, raw)
+    assert _held(found) == {j: ["queue"] for j in JOBS}
+
+    raw.delete(f"arq:job:{p}000001")  # still queued, its job key gone: a worker fails it as expired
+    raw.set(f"arq:in-progress:{p}000002", b"1")  # started by a worker
+    for job, success in (("000003", False), ("000004", True)):  # ended: arq removes the job, keeps the result
+        raw.zrem(d.queue, p + job)  # type: ignore[attr-defined]
+        raw.delete(f"arq:job:{p}{job}")
+        raw.set(f"arq:result:{p}{job}", _arq_result(success))
+    raw.set(f"arq:in-progress:{p}000001", b"1")  # an in-progress key alone holds nothing either
+
+    found = _locate(d, raw)
+    assert _held(found) == {"000002": ["in-progress"], "000005": ["queue"]}
+    assert found.failed == {"000003"}
+    state = d.state()
+    assert "000001" in state.held and state.failed == found.failed  # the design's own report keeps 000001
