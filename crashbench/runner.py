@@ -1,51 +1,39 @@
 """One crash run of one design: enqueue, start workers, inject the fault schedule, drain, count.
 
 Single-threaded on purpose: the main loop (`_tick`) tails the ledger, reaps workers, runs the
-design's recovery on its timer and reports progress; signal handlers only set a flag it reads.
+design's recovery on its timer and reports progress; signal handlers only set a flag it reads
+(crashbench.stopflag). The result is tallied from what the run recorded (crashbench.tally).
 Every process started here is stopped in `finally`, whatever happened.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import shutil
 import signal
-import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import TypeVar
 
-import psutil
 import redis
 
-from crashbench import counts as counting
-from crashbench import evidence, inspector, workdirs
+from crashbench import inspector, tally, workdirs
 from crashbench.broker import Broker, Producer, wait_back
 from crashbench.designs import Design, Job, Located, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Ledger
-from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, Timings, WorkerExit
+from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, WorkerExit
 from crashbench.scenario import Scenario
+from crashbench.stopflag import StopFlag
 from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import DOWN, WorkerSpec, run_worker
 from crashbench.workload import job_ids
 
 Clock = Callable[[], float]
 T = TypeVar("T")
-JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of already sorted values; None for none."""
-    if not sorted_values:
-        return None
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +46,6 @@ class Progress:
     kills_total: int
     alive: int
     elapsed: float
-
-
-class StopFlag:
-    """SIGINT/SIGTERM set a flag for the main loop; a second one interrupts at once."""
-
-    def __init__(self) -> None:
-        self.raised = False
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.raised:
-            raise KeyboardInterrupt
-        self.raised = True
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopFlag]:
-        previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
 
 
 class CrashRun:
@@ -292,8 +259,8 @@ class CrashRun:
                 self._held_at_fault = held
                 now = self.clock()
                 self.broker_fault = BrokerFaultRecord(
-                    self.sc.fault, self.sc.persistence, round(now - self.t0, 4), len(held), sorted(held)[:JOB_SAMPLE],
-                    len(producer.acknowledged),
+                    self.sc.fault, self.sc.persistence, round(now - self.t0, 4), len(held),
+                    sorted(held)[: tally.JOB_SAMPLE], len(producer.acknowledged),
                 )  # fmt: skip
                 self._fault_at = now
                 if self.sc.fault == "failover":
@@ -371,33 +338,16 @@ class CrashRun:
         replacement = None
         target = self.sc.kill_target if self.design_cls.own_worker else "worker"
         child = inside.pid if inside and inside.pid != victim.pid else 0
-        killed: list[psutil.Process] = []  # the processes below the victim that got the signal
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
             self.sup.send(victim, sig)
             self._paused[victim.name] = (at + self.sc.pause, victim)
-        elif target == "child" and child and (proc := self.sup.send_below(victim, child, sig)):
-            # Only the process running the job: the worker lives on and deals with its loss.
-            if frozen:
-                self.sup.thaw(victim)
-            if sig == signal.SIGKILL:
-                psutil.wait_procs([proc], timeout=5.0)
-            killed = [proc]
         else:
-            if target == "child":
-                target = "worker"  # the job runs in the worker process itself
-            rest = self.sup.below(victim) if target == "parent" else []
-            victim.signalled = sig
-            killed = self.sup.send(victim, sig, whole_tree=target != "parent")
-            for p in rest if frozen else []:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(signal.SIGCONT)  # the orphans go on as they would
-            if frozen and sig != signal.SIGKILL:
-                self.sup.thaw(victim)  # let it act on the signal
-            replacement = self.sup.spawn(planned.slot)
+            target, killed = self.sup.deliver(victim, sig, target, child, frozen)
+            if target != "child":
+                replacement = self.sup.spawn(planned.slot)
             if sig == signal.SIGKILL:
-                self.sup.wait_exit(victim, 5.0)
-                psutil.wait_procs(killed, timeout=5.0)
+                self.sup.wait_dead(victim if target != "child" else None, killed)
         if sig == signal.SIGKILL:
             # Every process that got the SIGKILL is gone, so the victim's ledger is final: mid-job is
             # what it says alone (an execution it started and never ended), not an earlier look.
@@ -452,100 +402,17 @@ class CrashRun:
         self.inspect_s += snapshot.taken_s
         return self.design.locate(snapshot)
 
-    def _recovery_ms(self, k: KillRecord) -> float | None:
-        """Fault -> the next start of the job the victim was inside, by anyone: how long recovery took;
-        +inf when it never started again nor completed (a job the queue never gave back)."""
-        if k.job is None:
-            return None
-        at = self.t0 + k.at
-        runs = [ex for ex in self.ledger.executions if ex.job == k.job]
-        later = [ex.start for ex in runs if ex.start > at]
-        if later:
-            return round((min(later) - at) * 1000, 3)
-        if any(ex.completed and ex.end is not None and ex.end > at for ex in runs):
-            return None  # it finished where it was (a pause, a graceful stop): nothing to recover
-        return math.inf
-
     def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
         state = self.design.state()
         located = self._locate()
-        # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
-        kills = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in self.kills if k.target != "parent"]
-        problems = evidence.check(
-            evidence.Evidence(
-                enqueued=ids, executions=self.ledger.executions, located=located, state=state, drained=drained,
-                own_worker=self.design_cls.own_worker, kills=kills,
-                ledger_problems=self.ledger.problems,
-                acknowledged=self.producer.acknowledged if self.producer else None,
-                indeterminate=self.producer.indeterminate if self.producer else None,
+        fault = (self._fault_at, self._back_at or self._fault_at) if self._fault_at is not None else None
+        return tally.design_run(
+            tally.RunRecord(
+                spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat, scenario=self.sc,
+                design=self.design_cls, ids=ids, ledger=self.ledger, located=located, state=state,
+                kills=self.kills, exits=self.exits, workers=self.sup.workers, t0=self.t0, drained=drained,
+                drained_at=drained_at, faults_end=faults_end, window=self.window, producer=self.producer,
+                broker_fault=self.broker_fault, fault_window=fault, held_at_fault=self._held_at_fault,
+                inspect_s=self.inspect_s, workdir=str(self.dir) if self.keep_dir else None,
             )
         )  # fmt: skip
-        c, classes = counting.count(
-            ids,
-            self.ledger.executions,
-            located,
-            state,
-            drops_failed=self.design_cls.drops_failed,
-            kills=len(self.kills),
-            kills_mid_job=sum(k.mid_job for k in self.kills),
-            workload=self.sc.workload(),
-            settings=self.sc.settings(),
-            indeterminate=self.producer.indeterminate if self.producer else (),
-            broker_fault=(self._fault_at, self._back_at or self._fault_at) if self._fault_at is not None else None,
-        )
-        completed = self.ledger.completed
-        c.undrained = 0 if drained else max(1, len(located.held))
-        c.worker_crashes = len(self.exits)
-        c.held_at_fault = sum(1 for j in self._held_at_fault if not completed[j])
-        if self.producer is not None:
-            c.acked_during_lag = sum(1 for j in self.producer.acked_during_lag if not completed[j])
-        for k in self.kills:
-            ready = self.ledger.ready_at(k.replacement) if k.replacement else None
-            if ready is not None:
-                k.replacement_ready_ms = round((ready - (self.t0 + k.at)) * 1000, 3)
-            k.recovered_after_ms = self._recovery_ms(k)
-        recoveries = sorted(k.recovered_after_ms for k in self.kills if k.recovered_after_ms is not None)
-        c.unrecovered = sum(1 for r in recoveries if math.isinf(r))
-        startups = [
-            (ready - w.spawned_at) * 1000
-            for w in self.sup.workers
-            if (ready := self.ledger.ready_at(w.name)) is not None
-        ]
-        restarts = [k.replacement_ready_ms for k in self.kills if k.replacement_ready_ms is not None]
-        wall = drained_at - self.t0
-        timings = Timings(
-            wall_s=round(wall, 4),
-            jobs_per_s=round(c.done / wall, 2) if wall > 0 else 0.0,
-            ideal_s=round(self.sc.ideal_s, 4),
-            drained=drained,
-            drain_s=round(drained_at - faults_end, 4),
-            window_s=self.window,
-            startup_ms_median=round(statistics.median(startups), 3) if startups else 0.0,
-            startup_ms_max=round(max(startups), 3) if startups else 0.0,
-            restart_ms_median=round(statistics.median(restarts), 3) if restarts else None,
-            recovery_ms_p50=percentile(recoveries, 0.50),
-            recovery_ms_p95=percentile(recoveries, 0.95),
-            recovery_ms_max=recoveries[-1] if recoveries else None,
-            inspect_s=round(self.inspect_s, 4),
-        )
-        return DesignRun(
-            design=self.spec,
-            variant=self.variant,
-            prefix=self.prefix,
-            seed=self.sc.seed,
-            counts=c,
-            timings=timings,
-            kills=self.kills,
-            repeat=self.repeat,
-            schedule=plan_kills(self.sc),
-            broker_fault=self.broker_fault,
-            worker_exits=self.exits,
-            duplicates=dict(sorted((j, n) for j, n in self.ledger.completed.items() if n > 1)[:JOB_SAMPLE]),
-            workdir=str(self.dir) if self.keep_dir else None,
-            jobs={
-                k: sorted(classes[k])[:JOB_SAMPLE]
-                for k in ("lost", "stranded", "dead_lettered", "failed", "unconfirmed")
-            },
-            problems=problems,
-            total_queue=counting.total_queue(c, self.design_cls.exactly_once),
-        )

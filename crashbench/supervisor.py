@@ -179,6 +179,33 @@ class Supervisor:
                 return p
         return None
 
+    def deliver(self, w: WorkerProcess, sig: int, target: str, child: int, frozen: bool) -> tuple[str, list]:
+        """A fault signal to `target` of worker `w` (frozen or not): "child", only the process `child`
+        below it that runs the job (the worker lives on); "parent", the worker alone, the rest of its
+        tree left running; anything else, the whole tree. Returns the target hit and the processes below
+        `w` that got the signal (to wait for with `wait_dead`)."""
+        if target == "child" and child and (proc := self.send_below(w, child, sig)):
+            if frozen:
+                self.thaw(w)
+            return "child", [proc]
+        if target == "child":
+            target = "worker"  # the job runs in the worker process itself
+        rest = self.below(w) if target == "parent" else []
+        w.signalled = sig
+        below = self.send(w, sig, whole_tree=target != "parent")
+        for p in rest if frozen else []:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGCONT)  # the orphans go on as they would
+        if frozen and sig != signal.SIGKILL:
+            self.thaw(w)  # let it act on the signal
+        return target, below
+
+    def wait_dead(self, w: WorkerProcess | None, below: list[psutil.Process], timeout: float = 5.0) -> None:
+        """Until the SIGKILLed worker (None: it was spared) and the processes below it are gone."""
+        if w is not None:
+            self.wait_exit(w, timeout)
+        psutil.wait_procs(below, timeout=timeout)
+
     def below(self, w: WorkerProcess) -> list[psutil.Process]:
         return self._family(w)[1:]
 

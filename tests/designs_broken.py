@@ -23,6 +23,8 @@ class KnownFaultsQueue(NaiveQueue):
     """The naive queue's fetch and backlog, with an enqueue and a state that misbehave on purpose."""
 
     name = "known-faults"
+    DEAD_LETTERS = ("dead",)
+    BOOKKEEPING = ("phantom-sent",)
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         pipe = self.r.pipeline(transaction=False)

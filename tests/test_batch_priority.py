@@ -71,10 +71,9 @@ def numbered(prefix: str, n: int) -> list[Job]:
     return [Job(f"{prefix}{i:02d}", json.dumps({"n": i})) for i in range(n)]
 
 
-def assert_counts_add_up(run: DesignRun) -> None:
-    c = run.counts
-    assert run.count_problems == []
-    assert c.done + c.lost + c.stranded + c.dead_lettered == c.enqueued
+def assert_evidence_agrees(run: DesignRun) -> None:
+    """No evidence check fired: the design's report, the ledgers and Redis as read by the harness agree."""
+    assert run.problems == [], [str(p) for p in run.problems]
 
 
 # -- reliable-batch ----------------------------------------------------------------------------------
@@ -280,7 +279,7 @@ def test_priority_recovery_returns_each_job_to_the_list_of_its_priority(client: 
 def test_batch_designs_lose_nothing_under_mid_job_kills(server_url: str, small: Scenario, design: str) -> None:
     run = run_designs(small, [design], Options(redis_url=server_url)).runs[0]
     c = run.counts
-    assert_counts_add_up(run)
+    assert_evidence_agrees(run)
     assert run.timings.drained
     assert (c.kills, c.kills_mid_job) == (5, 5), run.kills
     assert c.lost == 0 and c.stranded == 0 and c.dead_lettered == 0
@@ -303,7 +302,7 @@ def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str,
     sc = dataclasses.replace(small, kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
-    assert_counts_add_up(run)
+    assert_evidence_agrees(run)
     assert c.done == c.enqueued == c.executions == 600
     assert (c.lost, c.duplicated, c.extra_executions, c.requeued, c.interrupted) == (0, 0, 0, 0, 0)
 
@@ -312,7 +311,7 @@ def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str,
 def test_priority_loses_nothing_under_mid_job_kills(server_url: str, small: Scenario, design: str) -> None:
     run = run_designs(small, [design], Options(redis_url=server_url)).runs[0]
     c = run.counts
-    assert_counts_add_up(run)
+    assert_evidence_agrees(run)
     assert run.timings.drained
     assert (c.kills, c.kills_mid_job) == (5, 5), run.kills
     assert c.lost == 0 and c.stranded == 0 and c.dead_lettered == 0
@@ -342,7 +341,7 @@ def test_high_jobs_overtake_the_low_backlog_with_real_workers(valkey_url: str, s
         assert run.workdir is not None
         shutil.rmtree(run.workdir, ignore_errors=True)
         cleanup_keys(valkey_url, run.prefix)
-    assert_counts_add_up(run)
+    assert_evidence_agrees(run)
     assert run.counts.done == run.counts.executions == 600
     assert len(executions) == 600
 

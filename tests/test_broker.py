@@ -24,7 +24,7 @@ def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenar
     sc = dataclasses.replace(backlog, persistence="aof-always")
     run = run_designs(sc, ["reliable"], Options()).runs[0]
     c, bf = run.counts, run.broker_fault
-    assert run.count_problems == []
+    assert run.problems == []
     assert bf is not None and bf.kind == "kill" and bf.held_at_fault > 0 and bf.back_at is not None
     assert c.lost == 0 and c.stranded == 0
     assert c.done + c.unconfirmed == c.enqueued == 600
@@ -38,7 +38,7 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     # ended before the fault: exactly the jobs in the queue at that moment must be reported lost.
     run = run_designs(backlog, ["naive"], Options()).runs[0]
     c, bf = run.counts, run.broker_fault
-    assert run.count_problems == []
+    assert run.problems == []
     assert bf is not None and bf.acknowledged_before == 600 and c.indeterminate == 0
     assert bf.held_at_fault > 100  # what the runner read from Redis (state()) just before the SIGKILL
     assert c.lost == bf.held_at_fault
@@ -51,12 +51,12 @@ def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it
     sc = dataclasses.replace(backlog, jobs=300, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
     plain = run_designs(sc, ["reliable"], Options()).runs[0]
     c, bf = plain.counts, plain.broker_fault
-    assert plain.count_problems == [] and bf is not None and bf.kind == "failover"
+    assert plain.problems == [] and bf is not None and bf.kind == "failover"
     assert c.lost > 0 and c.indeterminate == 0  # acknowledged by the primary, never on the replica
     assert c.stranded == 0
     waiting = run_designs(dataclasses.replace(sc, wait_replicas=1, wait_ms=100), ["reliable"], Options()).runs[0]
     c = waiting.counts
-    assert waiting.count_problems == []
+    assert waiting.problems == []
     assert c.lost == 0 and c.stranded == 0  # what WAIT did not confirm was never acknowledged
     # Not confirmed: during the lag, and after the failover (the promoted replica has no replica).
     assert c.indeterminate > 0 and c.recovered + c.unconfirmed == c.indeterminate

@@ -14,7 +14,7 @@ from crashbench.workload import job_ids
 
 
 def check(run: DesignRun) -> None:
-    assert run.count_problems == []
+    assert run.problems == []
     c = run.counts
     assert c.done + c.dead_lettered + c.stranded + c.failed + c.lost == c.enqueued
 

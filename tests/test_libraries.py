@@ -25,7 +25,7 @@ def test_rq_without_kills_runs_every_job_exactly_once(small: Scenario, design: s
     sc = dataclasses.replace(small, jobs=60, kills=0)
     run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.done == c.enqueued == c.executions == 60
     assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
 
@@ -39,7 +39,7 @@ def test_rq_leaves_a_killed_job_in_its_started_registry(small: Scenario) -> None
     sc = dataclasses.replace(small, jobs=200, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
     run = run_designs(sc, ["rq"], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills_mid_job == 3, run.kills
     assert c.stranded == 3 and c.stranded_at == {"started": 3}
     assert set(run.jobs["stranded"]) == {k.job for k in run.kills}
@@ -55,7 +55,7 @@ def test_rq_counts_a_job_whose_work_horse_alone_was_killed_as_failed(small: Scen
     sc = dataclasses.replace(small, jobs=200, job_ms=20, kills=3, interval=0.15, drain_timeout=5, kill_target="child")
     run = run_designs(sc, ["rq"], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert [(k.target, k.mid_job, k.replacement) for k in run.kills] == [("child", True, None)] * 3
     assert c.failed == 3 and set(run.jobs["failed"]) == {k.job for k in run.kills}
     assert (c.lost, c.stranded, c.duplicated) == (0, 0, 0)
@@ -82,7 +82,7 @@ def test_namespaced_libraries_run_every_job_once_and_leave_no_key(
     sc = dataclasses.replace(small, jobs=100, kills=0)
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.done == c.enqueued == c.executions == 100
     assert (c.lost, c.duplicated, c.stranded) == (0, 0, 0)
     assert set(client.scan_iter()) == before  # every key was under crashbench's prefix, and is gone
@@ -97,7 +97,7 @@ def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(sm
     sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
     run = run_designs(sc, ["celery"], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills_mid_job == 3, run.kills
     killed = {k.job for k in run.kills}
     assert killed <= set(run.jobs["lost"]) | set(run.jobs["stranded"])  # each killed task: gone or parked
@@ -111,7 +111,7 @@ def test_huey_loses_exactly_the_task_a_killed_worker_was_running(small: Scenario
     sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
     run = run_designs(sc, ["huey"], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills_mid_job == 3, run.kills
     assert c.lost == 3 and set(run.jobs["lost"]) == {k.job for k in run.kills}
     assert (c.stranded, c.duplicated) == (0, 0)
@@ -121,7 +121,7 @@ def test_huey_loses_exactly_the_task_a_killed_worker_was_running(small: Scenario
 @installed("huey")
 def test_huey_without_kills_runs_every_job_exactly_once(small: Scenario) -> None:
     run = run_designs(dataclasses.replace(small, jobs=100, kills=0), ["huey"], Options()).runs[0]
-    assert run.count_problems == []
+    assert run.problems == []
     assert run.counts.done == run.counts.executions == 100
 
 
@@ -152,7 +152,7 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
     )
     run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills_mid_job == 3, run.kills
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
@@ -196,7 +196,7 @@ def test_library_retries_tell_the_handler_its_attempt(small: Scenario, design: s
     sc = dataclasses.replace(small, jobs=60, kills=0, transient_rate=0.2, retry_base=0.05, drain_timeout=20)
     run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.transient_jobs > 0
     assert (c.failed_attempts, c.retried) == (c.transient_jobs, c.transient_jobs)
     assert c.done == c.enqueued == 60 and (c.failed, c.lost, c.dead_lettered) == (0, 0, 0)

@@ -30,7 +30,7 @@ def test_built_in_design_under_another_interpreter_loses_nothing_to_kills(small:
     sc = dataclasses.replace(small, jobs=300, kills=3, interval=0.3)
     run = run_designs(sc, ["reliable"], Options(worker_python=sys.executable)).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills == 3 and c.kills_mid_job >= 1
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued == 300
@@ -56,7 +56,7 @@ def test_arq_without_kills_runs_every_job_exactly_once(small: Scenario, design: 
     result = run_designs(sc, [design], Options(worker_python=arq_python()))
     run = result.runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.done == c.enqueued == c.executions == 60
     # The versions that shaped the figures are those of the worker interpreter.
     assert result.environment.worker_python == arq_python() and "arq" in result.environment.libraries
@@ -71,7 +71,7 @@ def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(s
     )
     run = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python())).runs[0]
     c = run.counts
-    assert run.count_problems == []
+    assert run.problems == []
     assert c.kills_mid_job == 1, run.kills
     assert (c.lost, c.stranded, c.failed, c.duplicated) == (0, 0, 0, 0)
     assert c.done == c.enqueued == 150
