@@ -30,7 +30,7 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, limi
         table.add_column(column)
     for e in found[:limit]:
         commit = (e.commit or "-")[:10] + (" (dirty)" if e.dirty else "")
-        style = {"pass": "green", "fail": "red"}.get(e.status, "yellow")
+        style = {"pass": "green", "fail": "red", "broken": "bold red"}.get(e.status, "yellow")
         table.add_row(
             e.id,
             e.kind,

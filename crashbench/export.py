@@ -2,8 +2,10 @@
 
 JUnit follows the Jenkins/Ant schema most CI systems read: one testsuite per design label (a design,
 or a sweep value; its repeats together) and one testcase per threshold, so a CI page lists which
-design broke which threshold. Markdown is the summary a pull request or `$GITHUB_STEP_SUMMARY` shows;
-CSV has one row per run, for spreadsheets and notebooks.
+design broke which threshold; an evidence problem is an error testcase of its own, and a design no
+threshold applied to a failing one (skipped when unchecked designs are allowed). Markdown is the
+summary a pull request or `$GITHUB_STEP_SUMMARY` shows; CSV has one row per run, for spreadsheets
+and notebooks.
 
 Core code: no click, no rich. `check_paths` lets the CLI reject a bad export path before a long run.
 """
@@ -18,18 +20,19 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from crashbench.counts import Counts
+from crashbench.counts import Counts, Problem
 from crashbench.errors import UsageError
 from crashbench.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
+from crashbench.thresholds import coverage
 
 # The counts a failure message shows for each run: the outcome classes and the anomalies a reader
 # checks first. The full set is in the result file and the CSV.
 KEY_COUNTS: tuple[str, ...] = ("enqueued", "done", "lost", "stranded", "failed", "dead_lettered", "duplicated")
 
-MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}
+MARKS = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️", "broken": "🛑", "unchecked": "⚪"}
 
-COUNT_PROBLEMS = "counts add up"
-DRAINED = "drained within the window"
+UNCHECKED = "no threshold applied"
+IDS_SHOWN = 10  # per problem in the Markdown summary; the JUnit text lists them all
 
 
 def check_paths(paths: Sequence[Path | None]) -> None:
@@ -121,22 +124,32 @@ def _testcase(suite: ET.Element, name: str, classname: str, seconds: float) -> E
     return ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{seconds:.3f}")
 
 
-def junit(result: Result) -> str:
+def _problem_text(run: DesignRun, p: Problem) -> str:
+    lines = [f"[{p.check}] {p.message}", f"repeat {run.repeat} (seed {run.seed})"]
+    if p.ids:
+        lines.append(f"ids ({len(p.ids)}): {', '.join(p.ids)}")
+    return "\n".join(lines)
+
+
+def junit(result: Result, allow_unchecked: bool = False) -> str:
     """JUnit XML (Jenkins/Ant schema): a testsuite per design label, a testcase per threshold.
 
     A failed threshold is a <failure>; one that could not be evaluated is an <error>, since CI should
-    not show it green. Counts that do not add up mean crashbench itself is wrong: an extra testcase."""
+    not show it green. A failed evidence check means the counts cannot be trusted (crashbench or the
+    design's report is wrong): an <error> testcase of type "evidence" per problem. A design no threshold
+    applied to gets a <failure> "no threshold applied", or <skipped> with `allow_unchecked`."""
     env = result.environment
     # The schema's timestamp has no time zone; `created` carries one ("...T12:00:00+0100").
     timestamp = result.created[:19]
-    total = {"tests": 0, "failures": 0, "errors": 0}
-    gate_runs = bool(result.thresholds)  # as in Result.status: an undrained run matters only under thresholds
+    total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    verdicts = coverage(result)
     root = ET.Element("testsuites", name=f"crashbench {result.scenario.get('name', '')}".rstrip())
     for name, runs in group(result.runs).items():
         seconds = _seconds(runs)
         classname = f"crashbench.{name}"
         suite = ET.SubElement(root, "testsuite", name=name)
         props = ET.SubElement(suite, "properties")
+        mine = [t for t in result.thresholds if t.design == name]
         for key, value in (
             ("scenario", str(result.scenario.get("name", ""))),
             ("fingerprint", result.fingerprint),
@@ -145,10 +158,10 @@ def junit(result: Result) -> str:
             ("crashbench_version", env.crashbench),
             ("server", env.server_name),
             ("server_version", env.server_version),
+            ("thresholds_evaluated", str(len(mine))),
         ):
             ET.SubElement(props, "property", name=key, value=value)
-        tests = failures = errors = 0
-        mine = [t for t in result.thresholds if t.design == name]
+        tests = failures = errors = skipped = 0
         for t in mine:
             case = _testcase(suite, t.threshold, classname, seconds)
             tests += 1
@@ -161,44 +174,36 @@ def junit(result: Result) -> str:
                 errors += 1
                 msg = f"{t.threshold}: inconclusive" + (f": {t.note}" if t.note else "")
                 ET.SubElement(case, "error", message=msg, type="inconclusive").text = text
-        problems = [(r, p) for r in runs for p in r.count_problems]
-        if not mine or problems:
-            case = _testcase(suite, COUNT_PROBLEMS, classname, seconds)
+        if not mine:
+            case = _testcase(suite, UNCHECKED, classname, seconds)
             tests += 1
-            if problems:
-                msg = f"counts do not add up in {len({id(r) for r, _ in problems})} run(s)"
-                text = "\n".join(f"seed {r.seed}: {p}" for r, p in problems) + "\n" + _run_counts(runs)
-                # Without thresholds this testcase is the design's only check, so it fails; next to
-                # thresholds it says their figures cannot be trusted, as an error.
-                tag = "error" if mine else "failure"
-                ET.SubElement(case, tag, message=msg, type="count_problems").text = text
-                if mine:
-                    errors += 1
-                else:
-                    failures += 1
-        undrained = [r for r in runs if not r.timings.drained]
-        if gate_runs and undrained:
-            # Result.status makes such a result inconclusive; without this testcase CI would show it green.
-            case = _testcase(suite, DRAINED, classname, seconds)
-            tests += 1
-            errors += 1
-            seeds = ", ".join(str(r.seed) for r in undrained)
-            msg = f"jobs still held at the end of the observation window (seed {seeds})"
-            ET.SubElement(case, "error", message=msg, type="inconclusive").text = _run_counts(runs)
+            msg = f"{name}: {verdicts[name]}"
+            if allow_unchecked:
+                skipped += 1
+                ET.SubElement(case, "skipped", message=msg)
+            else:
+                failures += 1
+                ET.SubElement(case, "failure", message=msg, type="unchecked").text = _run_counts(runs)
+        for run in runs:
+            for p in run.problems:
+                case = _testcase(suite, f"evidence: {p.check}", classname, seconds)
+                tests += 1
+                errors += 1
+                msg = f"{p.message} (crashbench or the design's report is wrong)"
+                ET.SubElement(case, "error", message=msg, type="evidence").text = _problem_text(run, p)
         suite.set("tests", str(tests))
         suite.set("failures", str(failures))
         suite.set("errors", str(errors))
-        suite.set("skipped", "0")
+        suite.set("skipped", str(skipped))
         suite.set("time", f"{seconds:.3f}")
         suite.set("timestamp", timestamp)
         suite.set("hostname", env.machine)
         total["tests"] += tests
         total["failures"] += failures
         total["errors"] += errors
-    root.set("tests", str(total["tests"]))
-    root.set("failures", str(total["failures"]))
-    root.set("errors", str(total["errors"]))
-    root.set("skipped", "0")
+        total["skipped"] += skipped
+    for key, n in total.items():
+        root.set(key, str(n))
     root.set("time", f"{_seconds(result.runs):.3f}")
     ET.indent(root)
     return ET.tostring(root, encoding="UTF-8", xml_declaration=True).decode("utf-8") + "\n"
@@ -239,19 +244,24 @@ def markdown(result: Result) -> str:
         lines.append("")
         if result.repeat > 1:
             lines += [f"Repeats: median (min–max) of {result.repeat} runs.", ""]
+    if groups:
+        # How much each design was checked first: "all met" over 1 threshold is not over 12.
+        lines += ["**Thresholds**", "", *(f"- `{name}`: {text}" for name, text in coverage(result).items()), ""]
     if result.thresholds:
-        lines.append("**Thresholds**")
-        lines.append("")
         for t in result.thresholds:
             note = f"; {t.note}" if t.note else ""
+            note += "; default" if t.source == "default" else ""
             lines.append(f"- {MARKS[t.status]} `{t.design}` {t.threshold}: {_got_expected(t)}{note}")
         lines.append("")
+    if result.problems:
+        lines += ["**Evidence problems** (crashbench or the design's report is wrong)", ""]
+        for r in result.runs:
+            for p in r.problems:
+                ids = ", ".join(f"`{i}`" for i in p.ids[:IDS_SHOWN]) + (", …" if len(p.ids) > IDS_SHOWN else "")
+                shown = f" (ids: {ids})" if ids else ""
+                lines.append(f"- 🛑 `{r.variant or r.design}` (seed {r.seed}) `{p.check}`: {p.message}{shown}")
+        lines.append("")
     notes = [
-        f"- ⚠️ `{r.variant or r.design}` (seed {r.seed}): counts do not add up: {p}"
-        for r in result.runs
-        for p in r.count_problems
-    ]
-    notes += [
         f"- ⚠️ `{r.variant or r.design}` (seed {r.seed}): jobs still held {r.timings.window_s:g} s after the last fault"
         for r in result.runs
         if not r.timings.drained
@@ -299,12 +309,19 @@ def write_exports(
     markdown_path: Path | None,
     csv_path: Path | None,
     environ: Mapping[str, str] = os.environ,
+    allow_unchecked: bool = False,
 ) -> list[Path]:
     """Write each export given; append the Markdown to `$GITHUB_STEP_SUMMARY` when set (GitHub Actions
-    shows that file on the job's page). Returns the paths written, the summary file included."""
+    shows that file on the job's page). Returns the paths written, the summary file included.
+    `allow_unchecked`: a design without thresholds is skipped in JUnit, not failed."""
     written: list[Path] = []
     md: str | None = None
-    for path, render in ((junit_path, junit), (markdown_path, markdown), (csv_path, csv_text)):
+    renders: tuple[tuple[Path | None, Callable[[Result], str]], ...] = (
+        (junit_path, lambda r: junit(r, allow_unchecked)),
+        (markdown_path, markdown),
+        (csv_path, csv_text),
+    )
+    for path, render in renders:
         if path is None:
             continue
         text = render(result)

@@ -9,9 +9,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from crashbench.counts import Problem
 from crashbench.results import BenchResult, DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.results import label as label_of
 from crashbench.runner import Progress
+from crashbench.thresholds import coverage
+
+IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
 
 # (label, count field) in display order; outcome classes first, then events.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -36,13 +40,18 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("indeterminate enqueues", "indeterminate"),
     ("  done all the same", "recovered"),
     ("acks lost", "acks_lost"),
+    ("undrained", "undrained"),
+    ("worker crashes", "worker_crashes"),
 )
-ALARM = {"lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost"}
+ALARM = {
+    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
+    "undrained", "worker_crashes",
+}  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries",
+    "early_retries", "undrained", "worker_crashes",
 }  # fmt: skip
 
 
@@ -60,6 +69,8 @@ def threshold_line(t: ThresholdResult) -> Text:
         detail += f", baseline {number(t.baseline)}{unit}"
     if t.note:
         detail += f"; {t.note}"
+    if t.source == "default":
+        detail += "; default"  # nobody wrote it: say where it came from
     mark, style = {"pass": ("✓", "green"), "fail": ("✗", "red"), "inconclusive": ("?", "yellow")}[t.status]
     return Text(f"{mark} {t.design}: {t.threshold} ({detail})", style=style)
 
@@ -75,7 +86,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
         f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
         f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}{repeats}"
     )
-    table = Table(title=title, title_justify="left", box=box.ASCII if plain else box.HEAVY_HEAD)
+    # The title above the table, not in it: a table title wraps at the table's width, which depends
+    # on the figures, so where it broke ("2 / repeats") changed from one result to the next.
+    table = Table(box=box.ASCII if plain else box.HEAVY_HEAD)
     table.add_column("", style="bold")
     for name in groups:
         table.add_column(name, justify="right")
@@ -107,7 +120,7 @@ def result_table(result: Result, plain: bool = False) -> Group:
         if label.startswith("recovery") and all(get(r) is None for r in result.runs):
             continue
         table.add_row(label, *[spread([get(r) for r in runs], fmt) for runs in groups.values()])
-    parts: list[Table | Text] = [table]
+    parts: list[Table | Text] = [Text(title, style="table.title"), table]
     for run in result.runs:
         name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
         if (bf := run.broker_fault) is not None:
@@ -133,10 +146,32 @@ def result_table(result: Result, plain: bool = False) -> Group:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
         if run.workdir:
             parts.append(Text(f"{name}: ledgers and worker logs kept in {run.workdir}", style="dim"))
-        for p in run.count_problems:
-            parts.append(Text(f"! {name}: counts do not add up: {p}", style="bold red"))
     parts.extend(threshold_line(t) for t in result.thresholds)
+    parts.extend(coverage_line(name, text) for name, text in coverage(result).items())
+    parts.extend(problem_lines(result))
     return Group(*parts)
+
+
+def coverage_line(name: str, text: str) -> Text:
+    """How much each design was checked, not only how it came out: "reliable: 6 thresholds, all met"."""
+    style = "green" if text.endswith("all met") else "red" if "violated" in text else "yellow"
+    return Text(f"{name}: {text}", style=style)
+
+
+def problem_text(p: Problem) -> str:
+    ids = ", ".join(p.ids[:IDS_SHOWN]) + (", …" if len(p.ids) > IDS_SHOWN else "")
+    return f"[{p.check}] {p.message}" + (f" (ids: {ids})" if ids else "")
+
+
+def problem_lines(result: Result) -> list[Text]:
+    """The evidence checks that failed, in red: every figure above is then in doubt."""
+    if not result.problems:
+        return []
+    lines = [Text("evidence problems (crashbench or the design's report is wrong):", style="bold red")]
+    for run in result.runs:
+        name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
+        lines += [Text(f"! {name}: {problem_text(p)}", style="red") for p in run.problems]
+    return lines
 
 
 def progress_line(p: Progress) -> Text:

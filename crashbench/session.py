@@ -24,7 +24,7 @@ from crashbench.results import Result, environment, new_id, now_iso, summarize
 from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.server import cleanup_keys, open_server
-from crashbench.thresholds import Threshold, check_all
+from crashbench.thresholds import Threshold, check_all, check_targets, count_evaluated
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
@@ -115,7 +115,13 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
     return libraries
 
 
+def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence[Threshold]) -> None:
+    # Without run.designs the scenario is meant for what compare runs by default, the built-ins.
+    check_targets(run_names, scenario.designs or BUILTIN_ORDER, scenario.expect, given)
+
+
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
+    _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
     libraries = _check_designs(plan, options)
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
     with contextlib.ExitStack() as cleanup:
@@ -177,9 +183,12 @@ def _run_on_server(
 
 
 def evaluate(result: Result, given: Sequence[Threshold], baseline: Result | None) -> Result:
-    """The result with its thresholds evaluated: the scenario's [expect.*] and `given`."""
-    declared = Scenario.from_dict(result.scenario).expect
+    """The result with its thresholds evaluated: the scenario's [expect.*], `given`, and the defaults
+    they imply. Raises UsageError if one names a design the result has no run of."""
+    scenario = Scenario.from_dict(result.scenario)
+    _check_targets(scenario, [name for r in result.runs for name in (r.design, r.variant) if name], given)
     baseline_runs = baseline.runs if baseline is not None else None
-    result.thresholds = check_all(result.runs, declared, given, baseline_runs)
+    result.thresholds = check_all(result.runs, scenario.expect, given, baseline_runs)
+    count_evaluated(result)
     result.baseline = baseline.id if baseline is not None else None
     return result

@@ -15,7 +15,9 @@ statistic is given. A threshold whose value does not exist (no killed job was re
 no recovery time; no baseline run of the design) is inconclusive, never passed.
 
 A scenario declares them per design (`[expect.<design>]`, `metric = "op value"`), the command line
-with `--threshold`, for every design or for one.
+with `--threshold`, for every design or for one. A design with at least one of those is also held to
+`undrained == 0` and `worker_crashes == 0` (source "default") unless it names those metrics itself:
+nobody injected what they count, so any is a failure. A design with none of them is unchecked.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from crashbench.counts import Counts
-from crashbench.results import DesignRun, ThresholdResult, group
+from crashbench.errors import UsageError
+from crashbench.results import DesignRun, Result, ThresholdResult, group, label
 
 COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
+# Held at 0 for every design that has any explicit threshold: what they count was never injected.
+DEFAULT_ZERO = ("undrained", "worker_crashes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +215,15 @@ def _expected_count(t: Threshold, run: DesignRun) -> float:
     return t.value
 
 
+def defaults(explicit: Sequence[Threshold]) -> list[Threshold]:
+    """The implicit `== 0` thresholds for a design whose explicit ones are `explicit`: none without
+    any (an unchecked design stays unchecked), and none for a metric the explicit ones already name."""
+    if not explicit:
+        return []
+    named = {t.metric for t in explicit}
+    return [Threshold(m, "==", 0.0, source="default") for m in DEFAULT_ZERO if m not in named]
+
+
 def check_all(
     runs: Sequence[DesignRun],
     declared: dict[str, Sequence[Threshold]],
@@ -217,13 +231,67 @@ def check_all(
     baseline: Sequence[DesignRun] | None = None,
 ) -> list[ThresholdResult]:
     """Every threshold that applies to each design: the scenario's for it (`declared`, by design name),
-    then the command line's for every design or for it."""
+    then the command line's for every design or for it, then the defaults those leave open."""
     out = []
     base = group(baseline) if baseline is not None else None
     for name, design_runs in group(runs).items():
         design = design_runs[0].design
-        applicable = [*declared.get(design, ()), *(t for t in given if t.design in (None, design, name))]
-        for t in applicable:
+        explicit = [*declared.get(design, ()), *(t for t in given if t.design in (None, design, name))]
+        for t in [*explicit, *defaults(explicit)]:
             base_runs = None if base is None else base.get(name, [])
             out.append(evaluate(t, name, design_runs, base_runs))
     return out
+
+
+def check_targets(
+    run_names: Sequence[str],
+    scenario_designs: Sequence[str],
+    declared: dict[str, Sequence[Threshold]],
+    given: Sequence[Threshold],
+) -> None:
+    """Raise UsageError when a threshold names a design it can never apply to: a typo would otherwise
+    leave that design unchecked, or quietly check nothing. `run_names`: the designs and sweep labels
+    of the run. A scenario's [expect.X] may also name one of the scenario's own designs, so running
+    one design of a scenario that declares several is fine."""
+    in_run = list(dict.fromkeys(run_names))
+    bad = [f"--threshold {str(t)!r}" for t in given if t.design is not None and t.design not in in_run]
+    bad += [f"[expect.{d}] in the scenario" for d in declared if d not in in_run and d not in scenario_designs]
+    if not bad:
+        return
+    lines = "\n".join(f"  - {b}" for b in bad)
+    also = [d for d in scenario_designs if d not in in_run]
+    designs = ", ".join(in_run) + (f" (and the scenario's {', '.join(also)})" if also else "")
+    raise UsageError(
+        f"{len(bad)} threshold(s) name a design that is not in this run:\n{lines}\ndesigns: {designs}",
+        hint="check the spelling; a threshold for every design needs no DESIGN: prefix",
+    )
+
+
+def unchecked(result: Result) -> list[str]:
+    """Labels (designs, sweep values) of the result to which no threshold applied."""
+    checked = {t.design for t in result.thresholds}
+    return [name for name in group(result.runs) if name not in checked]
+
+
+def coverage(result: Result) -> dict[str, str]:
+    """Per label, how many thresholds were evaluated and how they came out: "6 thresholds, all met",
+    "6 thresholds, 1 violated, 1 inconclusive", "no threshold applied"."""
+    out = {}
+    for name in group(result.runs):
+        mine = [t for t in result.thresholds if t.design == name]
+        if not mine:
+            out[name] = "no threshold applied"
+            continue
+        failed = sum(t.status == "fail" for t in mine)
+        unsure = sum(t.status == "inconclusive" for t in mine)
+        parts = [f"{failed} violated"] if failed else []
+        parts += [f"{unsure} inconclusive"] if unsure else []
+        noun = "threshold" if len(mine) == 1 else "thresholds"
+        out[name] = f"{len(mine)} {noun}, " + (", ".join(parts) if parts else "all met")
+    return out
+
+
+def count_evaluated(result: Result) -> None:
+    """Record on each run how many thresholds its label was checked against (DesignRun.thresholds_evaluated)."""
+    for run in result.runs:
+        run.thresholds_evaluated = sum(t.design == label(run) for t in result.thresholds)

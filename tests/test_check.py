@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.counts import Problem
 from crashbench.errors import ExitCode
+from crashbench.results import DesignRun
+from crashbench.scenario import Scenario
 from tests.test_cli import SMALL, assert_clean_error, crashbench
+from tests.test_export import SCENARIO, result, run
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,8 @@ def test_results_lists_and_show_renders_a_saved_result(store: Path, tmp_path: Pa
     [
         (["lost<=10"], ExitCode.OK, "✓ naive: lost <= 10"),
         (["reliable: duplicated<=0", "lost=0"], ExitCode.THRESHOLD_VIOLATED, "✗ naive: lost == 0"),
-        (["naive: recovery_p95<2s"], ExitCode.INCONCLUSIVE, "? naive: recovery_p95 < 2000ms"),
+        # naive never recovers the job a kill interrupts: an infinite recovery time, so a violation
+        (["naive: recovery_p95<2s"], ExitCode.THRESHOLD_VIOLATED, "✗ naive: recovery_p95 < 2000ms"),
     ],
 )
 def test_check_exit_code_follows_the_thresholds(
@@ -154,3 +159,96 @@ def test_ci_examples_check_against_a_baseline_this_crashbench_reads(tmp_path: Pa
     )
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "✓ reliable: jobs_per_s >= -20%" in cp.stdout and "✓ stream: recovery_p95 < 2000ms" in cp.stdout
+
+
+# --- the gate on hand-built results: check --results FILE, nothing runs ------------------------------
+
+
+def saved_result(tmp_path: Path, runs: list[DesignRun], expect: dict[str, list[str]] | None = None) -> Path:
+    """A result file as a run would have saved it, thresholds not yet evaluated (check does that)."""
+    res = result(runs, [])
+    res.scenario = Scenario.from_dict({**SCENARIO, "expect": expect or {}}).to_dict()
+    return res.write(tmp_path / "hand-built.json")
+
+
+def check_file(path: Path, *args: str, tmp_path: Path):
+    return crashbench("check", "--results", str(path), "--plain", *args, tmp_path=tmp_path)
+
+
+def test_check_a_design_no_threshold_applied_to_is_no_verdict_unless_allowed(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("reliable"), run("mine")], expect={"reliable": ["lost == 0"]})
+    cp = check_file(path, tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.INCONCLUSIVE, cp.stdout + cp.stderr
+    assert "no threshold applied to mine" in cp.stderr and "--allow-unchecked" in cp.stderr
+    assert "mine: no threshold applied" in cp.stdout
+    # lost == 0 and the two defaults
+    assert "reliable: 3 thresholds, all met" in cp.stdout
+    junit = tmp_path / "j.xml"
+    cp = check_file(path, "--allow-unchecked", "--junit", str(junit), "--json", tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.OK, cp.stdout + cp.stderr
+    data = json.loads(cp.stdout)
+    assert data["status"] == "unchecked"
+    assert [r["thresholds_evaluated"] for r in data["runs"]] == [3, 0]
+    skipped = ET.parse(junit).getroot().find("testsuite[@name='mine']/testcase/skipped")
+    assert skipped is not None
+
+
+def test_check_without_any_threshold_is_no_verdict(tmp_path: Path) -> None:
+    cp = check_file(saved_result(tmp_path, [run("mine")]), tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.INCONCLUSIVE, cp.stdout + cp.stderr
+
+
+def test_show_and_run_style_commands_treat_unchecked_as_exploration(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("mine")])
+    cp = crashbench("show", str(path), "--plain", tmp_path=tmp_path)
+    # show re-renders the saved status (thresholds not evaluated: unchecked) and is not a gate
+    assert cp.returncode == ExitCode.OK, cp.stdout + cp.stderr
+    assert "mine: no threshold applied" in cp.stdout
+
+
+def test_check_fails_the_default_undrained_threshold_next_to_a_passing_one(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("reliable", undrained=3)], expect={"reliable": ["lost == 0"]})
+    cp = check_file(path, "--json", tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.THRESHOLD_VIOLATED, cp.stdout + cp.stderr
+    got = {t["threshold"]: t for t in json.loads(cp.stdout)["thresholds"]}
+    assert got["lost == 0"]["status"] == "pass"
+    assert (got["undrained == 0"]["status"], got["undrained == 0"]["source"]) == ("fail", "default")
+    cp = check_file(path, tmp_path=tmp_path)
+    assert "✗ reliable: undrained == 0 (got 3; default)" in cp.stdout
+    assert "reliable: 3 thresholds, 1 violated" in cp.stdout
+
+
+def test_check_a_threshold_without_a_value_is_inconclusive_exit_4(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("reliable", p95=None)])
+    cp = check_file(path, "-t", "recovery_p95<2s", tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.INCONCLUSIVE, cp.stdout + cp.stderr
+    assert "? reliable: recovery_p95 < 2000ms" in cp.stdout
+    assert "reliable: 3 thresholds, 1 inconclusive" in cp.stdout
+
+
+def test_check_a_scenario_that_allows_undrained_jobs_overrides_the_default(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("reliable", undrained=3)], expect={"reliable": ["undrained <= 5"]})
+    cp = check_file(path, tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.OK, cp.stdout + cp.stderr
+    assert "✓ reliable: undrained <= 5" in cp.stdout and "undrained == 0" not in cp.stdout
+
+
+def test_check_evidence_problems_are_broken_exit_4_with_the_ids(tmp_path: Path) -> None:
+    problem = Problem("ledger_vs_queue", "the queue acked jobs the ledger never saw complete", ["j7", "j9"])
+    path = saved_result(tmp_path, [run("reliable", problems=(problem,))], expect={"reliable": ["lost == 0"]})
+    cp = check_file(path, tmp_path=tmp_path)
+    assert cp.returncode == ExitCode.INCONCLUSIVE, cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stderr
+    assert "[ledger_vs_queue] the queue acked jobs the ledger never saw complete" in cp.stderr
+    assert "ids: j7, j9" in cp.stderr
+    assert "evidence problems" in cp.stdout and "(ids: j7, j9)" in cp.stdout
+    cp = check_file(path, "--json", tmp_path=tmp_path)
+    assert json.loads(cp.stdout)["status"] == "broken"
+
+
+def test_check_a_threshold_for_a_design_not_in_the_saved_result_is_a_usage_error(tmp_path: Path) -> None:
+    path = saved_result(tmp_path, [run("naive"), run("reliable")], expect={"reliable": ["lost == 0"]})
+    cp = check_file(path, "-t", "relable: lost=0", tmp_path=tmp_path)
+    assert_clean_error(cp, ExitCode.USAGE, "relable: lost == 0", "designs: naive, reliable")
+    typo = saved_result(tmp_path, [run("reliable")], expect={"relable": ["lost == 0"]})
+    assert_clean_error(check_file(typo, tmp_path=tmp_path), ExitCode.USAGE, "[expect.relable]")

@@ -97,6 +97,26 @@ def test_bad_fault_settings_are_refused_before_anything_starts(tmp_path: Path) -
     assert_clean_error(cp, 2, "queue.stale_after")
 
 
+def test_a_threshold_naming_a_design_not_in_the_run_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    # --server points nowhere: had a server been started, the exit would be 3, not 2.
+    nowhere = ["--server", "/nonexistent/redis-server"]
+    cp = crashbench("run", "-d", "reliable", "-t", "relable: lost=0", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "--threshold 'relable: lost == 0'", "designs: reliable")
+    cp = crashbench("compare", "--designs", "naive,reliable", "-t", "stream: lost=0", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "'stream: lost == 0'", "designs: naive, reliable")
+    sc = tmp_path / "typo.toml"
+    sc.write_text('name = "typo"\n[run]\ndesigns = ["reliable"]\n[expect.relable]\nlost = 0\n')
+    cp = crashbench("run", "-d", "reliable", "--scenario", str(sc), *nowhere, tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "[expect.relable]", "designs: reliable")
+
+
+def test_a_scenario_expectation_for_another_of_its_designs_is_not_a_typo(tmp_path: Path) -> None:
+    # The default scenario's [expect.naive] is for one of its run.designs: running reliable alone gets
+    # as far as starting the server (exit 3 here), not a usage error.
+    cp = crashbench("run", "-d", "reliable", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
+    assert_clean_error(cp, 3, "not found")
+
+
 def test_unknown_design_exits_2_naming_the_known_ones(tmp_path: Path) -> None:
     assert_clean_error(crashbench("run", "--design", "nope", tmp_path=tmp_path), 2, "unknown design 'nope'", "naive")
     assert_clean_error(crashbench("run", "--design", "no_such_pkg.mod:Q", tmp_path=tmp_path), 2, "cannot import")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.counts import Counts
+from crashbench.counts import Counts, Problem
 from crashbench.errors import UsageError
 from crashbench.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
 from crashbench.results import DesignRun, Environment, Result, ThresholdResult, Timings
@@ -50,8 +50,8 @@ def run(
     wall_s: float = 2.0,
     p95: float | None = 120.0,
     variant: str = "",
-    problems: tuple[str, ...] = (),
-    drained: bool = True,
+    problems: tuple[Problem, ...] = (),
+    undrained: int = 0,
 ) -> DesignRun:
     """A run of 100 jobs whose outcome classes add up: the lost ones are taken from done."""
     counts = Counts(
@@ -64,12 +64,13 @@ def run(
         requeued=3,
         kills=5,
         kills_mid_job=5,
+        undrained=undrained,
     )
     timings = Timings(
         wall_s=wall_s,
         jobs_per_s=(100 - lost) / wall_s,
         ideal_s=0.25,
-        drained=drained,
+        drained=undrained == 0,
         drain_s=0.5,
         window_s=30.0,
         startup_ms_median=40.0,
@@ -88,7 +89,7 @@ def run(
         timings=timings,
         kills=[],
         repeat=repeat,
-        count_problems=list(problems),
+        problems=list(problems),
     )
 
 
@@ -204,40 +205,70 @@ def test_junit_properties(repeated: Result) -> None:
     assert props["server_version"] == "8.1.1"
 
 
-def test_junit_without_thresholds_checks_the_counts() -> None:
-    broken = "done 90 + dead-lettered 0 + stranded 0 + failed 0 + lost 0 = 90, not enqueued 100"
-    res = result([run("good"), run("bad", problems=(broken,))], [])
+LOST_TWICE = Problem("ledger_vs_queue", "the queue acked 2 jobs the ledger never saw complete", ["j7", "j9"])
+
+
+def test_junit_a_design_without_thresholds_fails_unless_allowed() -> None:
+    res = result([run("good"), run("mine")], [threshold("good", "lost == 0", "pass", 0, 0)])
+    assert res.status == "unchecked"
     root = parse_junit(junit(res))
     cases = {c.get("classname"): c for c in root.iter("testcase")}
-    assert {c.get("name") for c in cases.values()} == {"counts add up"}
-    assert outcome(cases["crashbench.good"]) == "pass"
-    failure = cases["crashbench.bad"].find("failure")
-    assert failure is not None and failure.get("type") == "count_problems"
-    assert broken in (failure.text or "")
-    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("2", "1", "0")
-
-
-def test_junit_count_problems_next_to_thresholds_are_an_error() -> None:
-    res = result(
-        [run("bad", problems=("kills mid-job 6 > kills 5",))],
-        [threshold("bad", "lost == 0", "pass", 0, 0)],
+    assert (cases["crashbench.mine"].get("name"), outcome(cases["crashbench.mine"])) == (
+        "no threshold applied",
+        "failure",
     )
+    assert cases["crashbench.mine"].find("failure").get("type") == "unchecked"  # type: ignore[union-attr]
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("2", "1", "0")
+    allowed = parse_junit(junit(res, allow_unchecked=True))
+    mine = allowed.find("testsuite[@name='mine']/testcase")
+    assert mine is not None and outcome(mine) == "skipped"
+    assert (allowed.get("tests"), allowed.get("failures"), allowed.get("skipped")) == ("2", "0", "1")
+    props = {p.get("name"): p.get("value") for p in root.findall("testsuite[@name='good']/properties/property")}
+    assert props["thresholds_evaluated"] == "1"
+
+
+def test_junit_evidence_problems_are_errors_with_every_id() -> None:
+    many = Problem("unexpected_ids", "12 ids completed that were never enqueued", [f"x{i}" for i in range(12)])
+    res = result([run("bad", problems=(LOST_TWICE, many))], [threshold("bad", "lost == 0", "pass", 0, 0)])
+    assert res.status == "broken"
     root = parse_junit(junit(res))
     cases = root.findall("testsuite/testcase")
-    assert [(c.get("name"), outcome(c)) for c in cases] == [("lost == 0", "pass"), ("counts add up", "error")]
+    assert [(c.get("name"), outcome(c)) for c in cases] == [
+        ("lost == 0", "pass"),
+        ("evidence: ledger_vs_queue", "error"),
+        ("evidence: unexpected_ids", "error"),
+    ]
     error = cases[1].find("error")
-    assert error is not None and error.get("type") == "count_problems"
-    assert "kills mid-job 6 > kills 5" in (error.text or "")
-    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("2", "0", "1")
+    assert error is not None and error.get("type") == "evidence"
+    assert "the queue acked 2 jobs" in error.get("message", "")
+    assert "ids (2): j7, j9" in (error.text or "")
+    assert "x11" in (cases[2].find("error").text or "")  # type: ignore[union-attr]
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "0", "2")
 
 
-def test_junit_undrained_run_under_thresholds_is_not_green() -> None:
-    res = result([run("slow", drained=False)], [threshold("slow", "lost == 0", "pass", 0, 0)])
-    assert res.status == "inconclusive"
+def test_an_undrained_run_no_longer_makes_a_result_inconclusive_by_itself() -> None:
+    # The default threshold undrained == 0 (crashbench.thresholds) judges it now; a result whose
+    # thresholds all passed is a pass, and JUnit adds no testcase of its own for it.
+    res = result([run("slow", undrained=3)], [threshold("slow", "lost == 0", "pass", 0, 0)])
+    assert res.status == "pass"
     root = parse_junit(junit(res))
-    assert root.get("errors") == "1"
-    error = root.find("testsuite/testcase/error")
-    assert error is not None and error.get("type") == "inconclusive"
+    assert [c.get("name") for c in root.iter("testcase")] == ["lost == 0"]
+
+
+@pytest.mark.parametrize(
+    ("runs", "statuses", "expected"),
+    [
+        ([run("a", problems=(LOST_TWICE,)), run("b")], {"a": "fail", "b": "inconclusive"}, "broken"),
+        ([run("a"), run("b")], {"a": "fail", "b": "inconclusive"}, "fail"),
+        ([run("a"), run("b"), run("c")], {"a": "pass", "b": "inconclusive"}, "inconclusive"),
+        ([run("a"), run("b")], {"a": "pass"}, "unchecked"),
+        ([run("a"), run("b")], {"a": "pass", "b": "pass"}, "pass"),
+        ([run("a", undrained=2)], {"a": "pass"}, "pass"),
+    ],
+)
+def test_status_precedence(runs: list[DesignRun], statuses: dict[str, str], expected: str) -> None:
+    res = result(runs, [threshold(d, "lost == 0", st, 0, 0) for d, st in statuses.items()])
+    assert res.status == expected
 
 
 # --- Markdown -------------------------------------------------------------------------------------
@@ -260,6 +291,25 @@ def test_markdown_heading_table_and_thresholds(repeated: Result) -> None:
     assert "- ❌ `naive` lost == 0: got 4, expected 0; run with seed 1" in lines
     assert "- ✅ `reliable` lost == 0: got 0, expected 0; all 3 runs" in lines
     assert "- ⚠️ `reliable` recovery_p95 < 2000: got -, expected -; no recovery_p95 value" in lines
+    assert "- `naive`: 1 threshold, 1 violated" in lines
+    assert "- `reliable`: 2 thresholds, 1 inconclusive" in lines
+
+
+def test_markdown_evidence_problems_show_their_ids_capped_and_unchecked_designs() -> None:
+    many = Problem("unexpected_ids", "12 ids never enqueued", [f"x{i}" for i in range(12)])
+    res = result([run("bad", problems=(LOST_TWICE, many)), run("mine")], [threshold("bad", "lost == 0", "pass", 0, 0)])
+    md = markdown(res)
+    lines = md.splitlines()
+    assert lines[0] == "## 🛑 crashbench run: broken"
+    assert (
+        "- 🛑 `bad` (seed 1) `ledger_vs_queue`: the queue acked 2 jobs the ledger never saw complete (ids: `j7`, `j9`)"
+        in lines
+    )
+    shown = ", ".join(f"`x{i}`" for i in range(10))
+    assert f"- 🛑 `bad` (seed 1) `unexpected_ids`: 12 ids never enqueued (ids: {shown}, …)" in lines
+    assert "`x10`" not in md
+    assert "- `mine`: no threshold applied" in lines
+    assert "- `bad`: 1 threshold, all met" in lines
 
 
 def test_markdown_pass_status_baseline_and_escaped_pipes() -> None:

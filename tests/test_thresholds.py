@@ -6,16 +6,32 @@ from __future__ import annotations
 import pytest
 
 from crashbench.counts import Counts
+from crashbench.errors import UsageError
 from crashbench.results import DesignRun, Timings
-from crashbench.thresholds import Threshold, ThresholdSyntaxError, check_all, evaluate, parse
+from crashbench.thresholds import (
+    Threshold,
+    ThresholdSyntaxError,
+    check_all,
+    check_targets,
+    evaluate,
+    parse,
+    parse_entry,
+)
 
 
-def run(design: str = "reliable", seed: int = 1, jobs_per_s: float = 100.0, p95: float | None = 800.0, **counts: int):
+def run(
+    design: str = "reliable",
+    seed: int = 1,
+    jobs_per_s: float = 100.0,
+    p95: float | None = 800.0,
+    variant: str = "",
+    **counts: int,
+) -> DesignRun:
     timings = Timings(
-        wall_s=1.0, jobs_per_s=jobs_per_s, ideal_s=1.0, drained=True, drain_s=0.1, window_s=30.0,
-        startup_ms_median=5.0, startup_ms_max=6.0, restart_ms_median=10.0, recovery_ms_p95=p95,
+        wall_s=1.0, jobs_per_s=jobs_per_s, ideal_s=1.0, drained=counts.get("undrained", 0) == 0, drain_s=0.1,
+        window_s=30.0, startup_ms_median=5.0, startup_ms_max=6.0, restart_ms_median=10.0, recovery_ms_p95=p95,
     )  # fmt: skip
-    return DesignRun(design, "", "p:", seed, Counts(**counts), timings, kills=[])
+    return DesignRun(design, variant, "p:", seed, Counts(**counts), timings, kills=[])
 
 
 @pytest.mark.parametrize(
@@ -93,10 +109,78 @@ def test_check_all_applies_the_scenario_s_and_the_command_line_s_to_the_right_de
     runs = [run("naive", lost=4, kills_mid_job=4), run("reliable", lost=0, kills_mid_job=4)]
     declared = {"naive": (parse("lost == kills_mid_job", source="scenario"),)}
     given = (parse("lost=0"), parse("reliable: duplicated<=0"))
-    got = [(r.design, r.threshold, r.status) for r in check_all(runs, declared, given)]
+    got = [(r.design, r.threshold, r.source, r.status) for r in check_all(runs, declared, given)]
     assert got == [
-        ("naive", "lost == kills_mid_job", "pass"),
-        ("naive", "lost == 0", "fail"),
-        ("reliable", "lost == 0", "pass"),
-        ("reliable", "duplicated <= 0", "pass"),
+        ("naive", "lost == kills_mid_job", "scenario", "pass"),
+        ("naive", "lost == 0", "command line", "fail"),
+        ("naive", "undrained == 0", "default", "pass"),
+        ("naive", "worker_crashes == 0", "default", "pass"),
+        ("reliable", "lost == 0", "command line", "pass"),
+        ("reliable", "duplicated <= 0", "command line", "pass"),
+        ("reliable", "undrained == 0", "default", "pass"),
+        ("reliable", "worker_crashes == 0", "default", "pass"),
     ]
+
+
+# --- the defaults: undrained == 0, worker_crashes == 0 --------------------------------------------
+
+
+def test_an_undrained_run_fails_the_default_threshold_next_to_a_passing_explicit_one() -> None:
+    declared = {"reliable": (parse_entry("reliable", "lost", 0, "scenario"),)}
+    got = {r.threshold: r for r in check_all([run(undrained=3, lost=0)], declared, ())}
+    assert got["lost == 0"].status == "pass"
+    undrained = got["undrained == 0"]
+    assert (undrained.status, undrained.actual, undrained.source) == ("fail", 3, "default")
+    assert (got["worker_crashes == 0"].status, got["worker_crashes == 0"].source) == ("pass", "default")
+
+
+def test_a_scenario_that_names_undrained_overrides_the_default() -> None:
+    declared = {"reliable": (parse_entry("reliable", "undrained", "<= 5", "scenario"),)}
+    got = [(r.threshold, r.source, r.status) for r in check_all([run(undrained=3)], declared, ())]
+    assert got == [("undrained <= 5", "scenario", "pass"), ("worker_crashes == 0", "default", "pass")]
+
+
+def test_a_command_line_threshold_naming_worker_crashes_overrides_the_default() -> None:
+    got = [
+        (r.threshold, r.source, r.status) for r in check_all([run(worker_crashes=1)], {}, (parse("worker_crashes<=1"),))
+    ]
+    assert got == [("worker_crashes <= 1", "command line", "pass"), ("undrained == 0", "default", "pass")]
+
+
+def test_a_design_without_explicit_thresholds_gets_no_defaults_either() -> None:
+    # The defaults alone would make an unchecked design look checked.
+    runs = [run("naive", undrained=3, worker_crashes=2), run("reliable")]
+    got = check_all(runs, {"reliable": (parse_entry("reliable", "lost", 0, "scenario"),)}, ())
+    assert {r.design for r in got} == {"reliable"}
+
+
+# --- thresholds that name a design not in the run -------------------------------------------------
+
+
+def test_a_command_line_threshold_naming_a_design_not_in_the_run_is_a_usage_error() -> None:
+    with pytest.raises(UsageError) as info:
+        check_targets(["naive", "reliable"], (), {}, (parse("relable: lost=0"), parse("lost=0")))
+    assert "relable: lost == 0" in info.value.message
+    assert "designs: naive, reliable" in info.value.message
+
+
+def test_a_command_line_threshold_may_not_name_a_design_only_the_scenario_lists() -> None:
+    # The scenario's designs are not run here, so this threshold would check nothing.
+    with pytest.raises(UsageError, match="naive: lost == 0"):
+        check_targets(["reliable"], ("naive", "reliable"), {}, (parse("naive: lost=0"),))
+
+
+def test_a_scenario_expectation_may_name_its_own_designs_but_not_a_typo() -> None:
+    declared = {"naive": (parse_entry("naive", "lost", 0, "scenario"),)}
+    check_targets(["reliable"], ("naive", "reliable", "stream"), declared, ())  # run -d reliable: fine
+    typo = {"relable": (parse_entry("relable", "lost", 0, "scenario"),)}
+    with pytest.raises(UsageError) as info:
+        check_targets(["reliable"], ("naive", "reliable", "stream"), typo, ())
+    assert "[expect.relable]" in info.value.message
+    assert "reliable (and the scenario's naive, stream)" in info.value.message
+
+
+def test_a_sweep_value_is_a_design_of_the_run() -> None:
+    check_targets(["reliable", "kills=0", "kills=2"], (), {}, (parse("kills=2: lost=0"),))
+    with pytest.raises(UsageError, match="kills=3"):
+        check_targets(["reliable", "kills=0", "kills=2"], (), {}, (parse("kills=3: lost=0"),))
