@@ -2,16 +2,22 @@
 
 Each worker appends to its own file in the run directory with one write(2) per record, so a record
 is either whole or absent when the worker is SIGKILLed, and it survives the kill (the kernel has it).
-Records, one per line, times on the harness clock (time.monotonic()):
+Records, one per line, fields separated by one space, times on the harness clock (time.monotonic()):
 
-    R <t>            the worker is ready (the READY handshake)
-    S <job> <t> <pid>  the handler of <job> starts in process <pid> (the start marker: the worker is
-                     inside a handler; the pid says which process of its tree runs it)
-    E <job> <t>      the handler of <job> ended, written before the ack
-    F <job> <t>      the handler of <job> raised (the job failed), written before the design's fail
+    R <t>                     the worker is ready (the READY handshake)
+    S <job> <t> <pid> <xid>   the handler of <job> starts
+    E <job> <t> <pid> <xid>   the handler of <job> ended, written before the ack
+    F <job> <t> <pid> <xid>   the handler of <job> raised (the job failed), written before the design's fail
+
+<pid> is the writing process and <xid> its writing thread (threading.get_ident()): together they
+name one execution context. One worker file can hold several handlers at once (library workers with
+threads or pool processes, arq's max_jobs), so an end is paired with the start of the same context,
+never merely with the last start in the file.
 
 The runner tails all files as the run goes (`Ledger.poll`), which gives live progress, tells the
 fault scheduler which worker is inside a handler, and in the end every execution of every job.
+What does not fit (an end without its start, a start over an open one, a bad or cut line) is kept
+in `Ledger.problems`: evidence about the harness, never silently absorbed into the counts.
 """
 
 from __future__ import annotations
@@ -20,32 +26,66 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from threading import get_ident
 from typing import BinaryIO
+
+# The pid is read on every record, and os.getpid() is a system call; a writer inherited through
+# fork (a library forking its work horse) must still write the child's pid, hence the hook.
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def _refuse(job_id: str) -> ValueError:
+    """For a job id that is empty, or has a space or a character str.isprintable() rejects (all other
+    whitespace, control characters): such a record would not parse. The check is inlined in each
+    writer method, without a regex, because it runs on every record."""
+    why = "is empty" if not job_id else "contains whitespace or a control character"
+    return ValueError(f"job id {job_id!r} {why}: ledger records are space-separated, one per line")
 
 
 class LedgerWriter:
-    """Worker side. Unbuffered on purpose: a buffered record would die with the worker."""
+    """Worker side. Unbuffered on purpose: a buffered record would die with the worker.
+
+    `xid` defaults to the calling thread, which is right whenever the handler writes its own records.
+    Each method is one whole record (or two) in one os.write, spelled out rather than shared through
+    a helper: this is every handler's hot path."""
 
     def __init__(self, path: Path | str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.pid = os.getpid()
 
     def ready(self, now: float) -> None:
         os.write(self.fd, b"R %.6f\n" % now)
 
-    def start(self, job_id: str, now: float) -> None:
-        os.write(self.fd, b"S %s %.6f %d\n" % (job_id.encode(), now, self.pid))
+    def start(self, job_id: str, now: float, xid: int | None = None) -> None:
+        if not job_id or " " in job_id or not job_id.isprintable():
+            raise _refuse(job_id)
+        os.write(self.fd, b"S %s %.6f %d %d\n" % (job_id.encode(), now, _pid, get_ident() if xid is None else xid))
 
-    def end(self, job_id: str, now: float) -> None:
-        os.write(self.fd, b"E %s %.6f\n" % (job_id.encode(), now))
+    def end(self, job_id: str, now: float, xid: int | None = None) -> None:
+        if not job_id or " " in job_id or not job_id.isprintable():
+            raise _refuse(job_id)
+        os.write(self.fd, b"E %s %.6f %d %d\n" % (job_id.encode(), now, _pid, get_ident() if xid is None else xid))
 
-    def end_and_start(self, job_id: str, now: float, next_job: str) -> None:
+    def end_and_start(self, job_id: str, now: float, next_job: str, xid: int | None = None) -> None:
         """The end of one job and the start of the next of the same batch, in one write: the same two
         records at the same instant, for half the system calls on the batch path."""
-        os.write(self.fd, b"E %s %.6f\nS %s %.6f %d\n" % (job_id.encode(), now, next_job.encode(), now, self.pid))
+        for job in (job_id, next_job):
+            if not job or " " in job or not job.isprintable():
+                raise _refuse(job)
+        ctx = b"%d %d" % (_pid, get_ident() if xid is None else xid)
+        os.write(self.fd, b"E %s %.6f %s\nS %s %.6f %s\n" % (job_id.encode(), now, ctx, next_job.encode(), now, ctx))
 
-    def fail(self, job_id: str, now: float) -> None:
-        os.write(self.fd, b"F %s %.6f\n" % (job_id.encode(), now))
+    def fail(self, job_id: str, now: float, xid: int | None = None) -> None:
+        if not job_id or " " in job_id or not job_id.isprintable():
+            raise _refuse(job_id)
+        os.write(self.fd, b"F %s %.6f %d %d\n" % (job_id.encode(), now, _pid, get_ident() if xid is None else xid))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -59,19 +99,32 @@ class Execution:
     end: float | None = None  # None: the handler never finished (the worker died inside it)
     failed: bool = False  # the handler raised; `end` is when
     pid: int = 0  # the process that ran the handler
+    xid: int = 0  # the thread of that process that ran it
 
     @property
     def completed(self) -> bool:
         return self.end is not None and not self.failed
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerProblem:
+    """A record (or the lack of one) that does not fit: `kind` is orphan_end, double_open, malformed
+    or torn; `job` when the record names one."""
+
+    kind: str
+    worker: str
+    job: str | None
+    detail: str
+
+
 @dataclass(slots=True)
 class _Tail:
     path: Path
     file: BinaryIO | None = None  # kept open: the runner polls every few milliseconds
-    rest: bytes = b""
+    rest: bytes = b""  # an unfinished last line
     ready_at: float | None = None
-    open: Execution | None = None  # the execution this worker is inside right now
+    # The executions this worker is inside right now, by "<pid> <xid>", in the order they started.
+    opens: dict[str, Execution] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +134,7 @@ class Ledger:
     directory: Path
     executions: list[Execution] = field(default_factory=list)
     completed: Counter[str] = field(default_factory=Counter)
+    problems: list[LedgerProblem] = field(default_factory=list)
     _tails: dict[str, _Tail] = field(default_factory=dict)
 
     def path_for(self, worker: str) -> Path:
@@ -101,38 +155,89 @@ class Ledger:
             chunk = tail.file.read()
             if not chunk:
                 continue
-            data = tail.rest + chunk
-            lines = data.split(b"\n")
-            tail.rest = lines.pop()  # an unfinished last line waits for the next poll
-            for line in lines:
-                self._apply(name, tail, line.decode())
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                tail.rest += chunk  # still no whole line: it waits for the next poll
+                continue
+            data = tail.rest + chunk[:cut] if tail.rest else chunk[:cut]
+            tail.rest = chunk[cut + 1 :]
+            # Decoded once per chunk, after the cut, so a character is never split; never raises.
+            self._apply(name, tail, data.decode(errors="replace").split("\n"))
 
-    def _apply(self, worker: str, tail: _Tail, line: str) -> None:
-        kind, *rest = line.split(" ")
-        if kind == "R":
-            tail.ready_at = float(rest[0])
-        elif kind == "S":
-            ex = Execution(rest[0], worker, float(rest[1]), pid=int(rest[2]) if len(rest) > 2 else 0)
-            self.executions.append(ex)
-            tail.open = ex
-        elif kind in ("E", "F"):
-            job, t = rest[0], float(rest[1])
-            if tail.open is None or tail.open.job != job:
-                # An end without its start cannot come from our writer; keep it visible, not silent.
-                tail.open = Execution(job, worker, t)
-                self.executions.append(tail.open)
-            tail.open.end = t
-            tail.open.failed = kind == "F"
-            tail.open = None
-            if kind == "E":
-                self.completed[job] += 1
+    def _apply(self, worker: str, tail: _Tail, lines: list[str]) -> None:
+        # The runner's hot loop (millions of records in a big run): one split per line, one dict
+        # lookup per record. Executions are keyed by the raw "<pid> <xid>" text, which the writer
+        # spells the same way in a start and its end, so an end converts no numbers but its time;
+        # an end that matches nothing is looked at closely on that (rare) path only.
+        opens, executions, completed = tail.opens, self.executions, self.completed
+        for line in lines:
+            f = line.split(" ", 3)
+            try:
+                kind, job, t, key = f
+                if not job:
+                    raise ValueError("no job id")
+                if kind == "S":
+                    pid, xid = key.split(" ")
+                    ex = Execution(job, worker, float(t), None, False, int(pid), int(xid))
+                    if (earlier := opens.pop(key, None)) is not None:
+                        self._problem("double_open", worker, job, f"{line!r} while {earlier.job} is open there")
+                    opens[key] = ex
+                    executions.append(ex)
+                elif kind == "E" or kind == "F":
+                    end = float(t)
+                    ex = opens.get(key)
+                    if ex is None or ex.job != job:
+                        self._orphan(worker, line, key, ex)
+                        continue
+                    del opens[key]
+                    ex.end = end
+                    if kind == "E":
+                        completed[job] += 1
+                    else:
+                        ex.failed = True
+                else:
+                    raise ValueError("unknown kind")
+            except ValueError:
+                if len(f) == 2 and f[0] == "R":
+                    try:
+                        tail.ready_at = float(f[1])
+                        continue
+                    except ValueError:
+                        pass
+                self._problem("malformed", worker, None, repr(line))
+
+    def _orphan(self, worker: str, line: str, key: str, open_there: Execution | None) -> None:
+        """An end that closes nothing: either a bad context (malformed) or a real orphan end."""
+        pid, xid = key.split(" ")  # a ValueError goes up as "malformed"
+        int(pid), int(xid)
+        job = line.split(" ", 2)[1]
+        there = f"{open_there.job} is open there" if open_there else "nothing is open there"
+        self._problem("orphan_end", worker, job, f"{line!r} but {there}")
+
+    def _problem(self, kind: str, worker: str, job: str | None, detail: str) -> None:
+        self.problems.append(LedgerProblem(kind, worker, job, detail))
 
     def ready_at(self, worker: str) -> float | None:
         return self._tails[worker].ready_at
 
     def inside(self, worker: str) -> Execution | None:
-        """The execution `worker` is inside, as of the last poll."""
-        return self._tails[worker].open
+        """One execution `worker` is inside as of the last poll (the most recently started), or None."""
+        return next(reversed(self._tails[worker].opens.values()), None)
+
+    def open_in(self, worker: str) -> list[Execution]:
+        """Every execution `worker` is inside as of the last poll, oldest first."""
+        return list(self._tails[worker].opens.values())
+
+    def finish(self) -> None:
+        """The last poll, once no worker can write any more. A file that does not end in a newline has
+        a cut last record (a short write: one write(2) per record makes it rare, not impossible, e.g.
+        a full disk); it is reported, not parsed. Then the files are closed."""
+        self.poll()
+        for name, tail in self._tails.items():
+            if tail.rest:
+                self._problem("torn", name, None, f"last record cut: {tail.rest[:80]!r}")
+                tail.rest = b""
+        self.close()
 
     def close(self) -> None:
         for tail in self._tails.values():

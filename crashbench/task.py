@@ -3,7 +3,9 @@ worker loop, writing the same ledger. Library adapters enqueue it by this dotted
 
 It runs in whatever process the library chooses (RQ forks a work horse per job, Celery a pool
 process), so it finds its ledger file and workload through the environment the worker set, and
-opens the file once per process.
+opens the file once per process. It may run in several threads of one process at once (Dramatiq's
+worker threads, arq's max_jobs through asyncio.to_thread): each record carries the writing thread,
+so the handler writes its own records itself, in the thread that runs it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class JobFailed(Exception):
 
 def _context() -> tuple[LedgerWriter, Workload]:
     global _opened
+    # No lock: two threads racing here open the file twice, and both writers append whole records
+    # all the same; a lock held by another thread at fork time would hang the forked child instead.
     if _opened is None or _opened[0] != os.getpid():
         _opened = (
             os.getpid(),
