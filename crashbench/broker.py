@@ -57,6 +57,13 @@ class Broker:
         reaches it, as behind a partition. (Pausing the replica would not do: what the primary sent
         waits in the replica's socket buffer and is applied once it resumes.)"""
         assert self.replica is not None
+        # First let the replica confirm every write acknowledged so far (the harness's own WAIT), so the
+        # cut is exact: what the primary acknowledges from here on, and only that, misses the replica.
+        client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
+        try:
+            client.execute_command("WAIT", 1, 1000)
+        finally:
+            client.close()
         self._promote(self.replica)
 
     def failover(self) -> None:
