@@ -17,7 +17,7 @@ from rich.table import Table
 from crashbench import __version__, cli_gate, export, store, thresholds
 from crashbench import scenario as scenarios
 from crashbench.designs import BUILTIN, load_design
-from crashbench.errors import CrashbenchError, UsageError
+from crashbench.errors import CrashbenchError, UnexpectedError, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
@@ -45,6 +45,8 @@ def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except CrashbenchError as exc:
             fail(exc)
+        except Exception as exc:  # never a traceback with exit 1, which means a threshold was violated
+            fail(UnexpectedError.from_exception(exc, f"crashbench {fn.__name__}"))
 
     return wrapper
 

@@ -136,6 +136,7 @@ class Ledger:
     completed: Counter[str] = field(default_factory=Counter)
     problems: list[LedgerProblem] = field(default_factory=list)
     _tails: dict[str, _Tail] = field(default_factory=dict)
+    _finished: bool = False  # after finish(), a poll would reopen the files and read them twice
 
     def path_for(self, worker: str) -> Path:
         path = self.directory / f"{worker}.ledger"
@@ -144,6 +145,8 @@ class Ledger:
 
     def poll(self, worker: str | None = None) -> None:
         """Read what was appended since the last poll (of one worker, or of all)."""
+        if self._finished:
+            return
         names = [worker] if worker is not None else list(self._tails)
         for name in names:
             tail = self._tails[name]
@@ -206,6 +209,14 @@ class Ledger:
                         pass
                 self._problem("malformed", worker, None, repr(line))
 
+    def abandon(self, worker: str, pid: int) -> None:
+        """Process `pid` of `worker` is dead (a fault killed it while its worker lives on): its open
+        executions stay interrupted for good, no longer make the worker look busy, and a later process
+        that reuses the pid does not look like a double open."""
+        opens = self._tails[worker].opens
+        for key in [k for k, ex in opens.items() if ex.pid == pid]:
+            del opens[key]
+
     def _orphan(self, worker: str, line: str, key: str, open_there: Execution | None) -> None:
         """An end that closes nothing: either a bad context (malformed) or a real orphan end."""
         pid, xid = key.split(" ")  # a ValueError goes up as "malformed"
@@ -238,6 +249,7 @@ class Ledger:
                 self._problem("torn", name, None, f"last record cut: {tail.rest[:80]!r}")
                 tail.rest = b""
         self.close()
+        self._finished = True
 
     def close(self) -> None:
         for tail in self._tails.values():

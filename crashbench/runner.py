@@ -24,7 +24,7 @@ from crashbench.designs import Design, Job, Located, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
-from crashbench.ledger import Ledger
+from crashbench.ledger import Execution, Ledger
 from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, WorkerExit
 from crashbench.scenario import Scenario
 from crashbench.stopflag import StopFlag
@@ -119,7 +119,6 @@ class CrashRun:
         self._back_at: float | None = None  # when the server answered again
         self._held_at_fault: set[str] = set()  # the inspector's reading when the broker fault struck
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
-        self._hit: set[int] = set()  # executions a SIGKILL was recorded inside (by id())
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -348,17 +347,7 @@ class CrashRun:
                 replacement = self.sup.spawn(planned.slot)
             if sig == signal.SIGKILL:
                 self.sup.wait_dead(victim if target != "child" else None, killed)
-        if sig == signal.SIGKILL:
-            # Every process that got the SIGKILL is gone, so the victim's ledger is final: mid-job is
-            # what it says alone (an execution it started and never ended), not an earlier look.
-            self.ledger.poll(victim.name)
-            opened = self.ledger.open_in(victim.name)
-            if target == "child":  # the worker lives on and may have started another job since
-                opened = [ex for ex in opened if ex.pid == child]
-            opened = [ex for ex in opened if id(ex) not in self._hit]  # not one an earlier fault left open
-            inside = opened[-1] if opened else None
-            if inside is not None:
-                self._hit.add(id(inside))
+                inside = self._killed_inside(victim, child if target == "child" else 0)
         return KillRecord(
             index=planned.index,
             planned_at=planned.at,
@@ -373,6 +362,16 @@ class CrashRun:
             waited_ms=round((at - due) * 1000, 3),
             replacement=replacement.name if replacement else None,
         )
+
+    def _killed_inside(self, victim: WorkerProcess, child: int) -> Execution | None:
+        """Once a SIGKILL landed and every process it hit is gone, the victim's ledger is final: the
+        execution it died inside is what that ledger says alone (started, never ended), not an earlier
+        look. `child`: only that process died; its worker lives on and may have started another job."""
+        self.ledger.poll(victim.name)
+        opened = [ex for ex in self.ledger.open_in(victim.name) if not child or ex.pid == child]
+        if child:
+            self.ledger.abandon(victim.name, child)  # its executions will never end
+        return opened[-1] if opened else None
 
     def _drain(self, faults_end: float) -> bool:
         """Wait until the backlog is 0 and no worker is inside a handler. Give up once no handler has

@@ -220,3 +220,27 @@ def test_the_writer_writes_one_whole_record_per_call(tmp_path: Path) -> None:
     assert path.read_text() == (
         f"R 0.250000\nS ä-1 1.000000 {os.getpid()} 42\nE ä-1 2.000000 {os.getpid()} 42\nS b 2.000000 {os.getpid()} 42\n"
     )
+
+
+def test_an_abandoned_process_no_longer_makes_its_worker_look_busy(tmp_path: Path) -> None:
+    """A child killed alone (kill_target child): its execution stays interrupted, the worker idle, and
+    a later child that reuses the pid (same thread id after a fork) is no double open."""
+    ledger = ledger_with(tmp_path, "w0")
+    path = tmp_path / "w0.ledger"
+    append(path, "S a 1.0 42 7\n")
+    ledger.poll()
+    assert ledger.inside("w0") is not None
+    ledger.abandon("w0", 42)
+    assert ledger.inside("w0") is None and ledger.open_in("w0") == []
+    append(path, "S b 2.0 42 7\nE b 3.0 42 7\n")
+    ledger.poll()
+    assert kinds(ledger) == []
+    assert [(e.job, e.end) for e in ledger.executions] == [("a", None), ("b", 3.0)]
+
+
+def test_a_poll_after_finish_reads_nothing_twice(tmp_path: Path) -> None:
+    ledger = ledger_with(tmp_path, "w0")
+    append(tmp_path / "w0.ledger", "S a 1.0 42 7\nE a 2.0 42 7\n")
+    ledger.finish()
+    ledger.poll()
+    assert len(ledger.executions) == 1 and ledger.completed["a"] == 1
