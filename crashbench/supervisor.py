@@ -204,7 +204,17 @@ class Supervisor:
         """Until the SIGKILLed worker (None: it was spared) and the processes below it are gone."""
         if w is not None:
             self.wait_exit(w, timeout)
-        psutil.wait_procs(below, timeout=timeout)
+        # Not our children: once their worker died nobody here can reap them, and a zombie (whose new
+        # parent may never reap it, as in a container) has stopped writing all the same.
+        deadline = time.monotonic() + timeout
+        for p in below:
+            while time.monotonic() < deadline:
+                try:
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.0005)
 
     def below(self, w: WorkerProcess) -> list[psutil.Process]:
         return self._family(w)[1:]
