@@ -47,6 +47,7 @@ class Counts:
     kills_mid_job: int = 0
     poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
     transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
+    failing_jobs: int = 0  # poison_jobs + transient_jobs: the jobs whose first attempt raises
     # broker faults (a killed or failed-over server)
     indeterminate: int = 0  # enqueues that errored or timed out (or were not replicated in time)
     recovered: int = 0  # ... of which the job was done all the same
@@ -222,6 +223,7 @@ def count(
         kills_mid_job=kills_mid_job,
         poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload else 0,
         transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload else 0,
+        failing_jobs=sum(1 for j in ids if workload.fails(j, 1)) if workload else 0,
         stranded_at=dict(sorted(where.items())),
         indeterminate=len(set(indeterminate) & ids),
         recovered=len(set(indeterminate) & classes["done"]),

@@ -41,10 +41,13 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     assert run.problems == []
     assert bf is not None and bf.acknowledged_before == 600 and c.indeterminate == 0
     assert bf.held_at_fault > 100  # what the harness read from Redis itself just before the SIGKILL
-    # A job held at the kill can still be done: naive's worker had popped it (then it was never held)
-    # or reliable's held it in a processing list; the lost ones are exactly the others.
-    assert c.lost == c.held_at_fault == bf.held_at_fault
-    assert run.jobs["lost"] == bf.held_ids  # the same ids (both samples are the first 100, sorted)
+    # Lost: exactly the jobs held at the kill that never ran. A few held ones may still be done: popped
+    # by a worker while the harness read Redis, just before the SIGKILL; being first in line, they
+    # have the lowest ids, so past them the two samples (first 100 ids, sorted) agree.
+    assert c.lost == c.held_at_fault <= bf.held_at_fault
+    lost = run.jobs["lost"]
+    shown = [j for j in bf.held_ids if j >= lost[0]]
+    assert shown == lost[: len(shown)] and len(shown) > 50
     assert c.done == 600 - c.lost
 
 

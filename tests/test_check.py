@@ -152,13 +152,16 @@ def test_ci_examples_check_against_a_baseline_this_crashbench_reads(tmp_path: Pa
         text = examples.joinpath(name).read_text()
         for part in ("crashbench check", "--baseline ci/baseline.json", "--junit crashbench.xml", "--markdown"):
             assert part in text, (name, part)
-    # The committed baseline (scenario ci, 3 repeats) compared with itself: every threshold met.
+    # The committed baseline (scenario ci, 3 repeats) is read and used: against itself a bound 20 %
+    # below holds, and one 1 % above must not (so the comparison really took the baseline's values).
     baseline = str(examples / "baseline.json")
-    cp = crashbench(
-        "check", "--results", baseline, "--baseline", baseline, "-t", "jobs_per_s>=-20%", "--plain", tmp_path=tmp_path
-    )
+    args = ["check", "--results", baseline, "--baseline", baseline, "--plain"]
+    cp = crashbench(*args, "-t", "jobs_per_s>=-20%", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "✓ reliable: jobs_per_s >= -20%" in cp.stdout and "✓ stream: recovery_p95 < 2000ms" in cp.stdout
+    cp = crashbench(*args, "-t", "jobs_per_s>=+1%", tmp_path=tmp_path)
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert "✗ reliable: jobs_per_s >= +1%" in cp.stdout
 
 
 # --- the gate on hand-built results: check --results FILE, nothing runs ------------------------------

@@ -17,10 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--jobs", "600", "--job-ms", "5", "--interval", "0.1", "--stale-after", "0.3", "--recover-every", "0.05"]
 
 
-def crashbench(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def crashbench(
+    *args: str, tmp_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "crashbench", *args],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,13 +58,12 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
 
 
 def test_results_go_to_results_dir_by_default_and_table_is_printed(tmp_path: Path) -> None:
-    cp = crashbench(
-        "compare", "--designs", "naive,reliable", "--kills", "1", *SMALL, "--out", str(tmp_path), tmp_path=tmp_path
-    )
+    # No --out: the result lands in ./results of the directory crashbench runs in.
+    cp = crashbench("compare", "--designs", "naive,reliable", "--kills", "1", *SMALL, tmp_path=tmp_path, cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     assert "naive" in cp.stdout and "reliable" in cp.stdout and "lost" in cp.stdout
-    files = list(tmp_path.glob("*-compare-default-naive-reliable.json"))
-    assert len(files) == 1
+    files = list((tmp_path / "results").glob("*-compare-default-naive-reliable.json"))
+    assert len(files) == 1 and str(files[0].relative_to(tmp_path)) in cp.stdout.replace("\n", "")
 
 
 def test_failed_expectation_exits_1_and_is_marked(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def test_default_scenario_is_the_lessons_crash_test() -> None:
     assert (sc.jobs, sc.job_ms, sc.workers, sc.kills, sc.interval, sc.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
     assert sc.kill_when == "mid-job"
     assert sc.ideal_s == pytest.approx(5.0)
-    assert [t.rule() for t in sc.expect["reliable"]][:2] == ["lost == 0", "stranded == 0"]
+    assert {"lost == 0", "stranded == 0", "done == enqueued"} <= {t.rule() for t in sc.expect["reliable"]}
 
 
 def test_validation_lists_every_problem(tmp_path: Path) -> None:
