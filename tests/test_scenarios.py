@@ -18,7 +18,9 @@ SHIPPED = ["default", "ci", "poison", "pause", "long-jobs", "graceful", "broker-
 def test_a_shipped_scenario_meets_its_own_expectations(name: str) -> None:
     sc = scenario.load(name)
     result = run_designs(sc, list(sc.designs), Options(), kind="check")
-    failing = [f"{t.design}: {t.threshold} (got {t.actual}, expected {t.expected})" for t in result.thresholds if not t.met]
+    failing = [
+        f"{t.design}: {t.threshold} (got {t.actual}, expected {t.expected})" for t in result.thresholds if not t.met
+    ]
     assert failing == [] and result.problems == [], (failing, [str(p) for p in result.problems])
     # Every design of the scenario was checked, each with more than the default gates.
     assert result.status == "pass"
