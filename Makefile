@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench clean
+.PHONY: compare test lint bench saboteurs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ lint: $(STAMP)
 bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the lesson's script
 	$(BIN)/crashbench bench
 	$(BIN)/python bench/compare_vs_lesson.py
+
+saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
+	$(BIN)/python bench/saboteurs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

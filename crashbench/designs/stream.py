@@ -168,7 +168,11 @@ class StreamQueue(Design):
 
     def stop_worker(self, worker: str, now: float) -> None:
         # Leave the group tidy, but never drop a pending entry: DELCONSUMER would discard its PEL.
-        pending = self.r.xpending_range(self.key("stream"), GROUP, min="-", max="+", count=1, consumername=worker)
+        try:
+            pending = self.r.xpending_range(self.key("stream"), GROUP, min="-", max="+", count=1, consumername=worker)
+        except redis.ResponseError as exc:  # a server that came back empty has no group (and no PEL) yet
+            self._regroup(exc)
+            return
         if not pending:
             self.r.xgroup_delconsumer(self.key("stream"), GROUP, worker)
 
