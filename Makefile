@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs clean
+.PHONY: compare test lint bench saboteurs scenarios clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ lint: $(STAMP)
 bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the lesson's script
 	$(BIN)/crashbench bench
 	$(BIN)/python bench/compare_vs_lesson.py
+
+scenarios: $(STAMP)  ## every shipped scenario, as shipped, against its own exact expectations
+	set -e; for s in scenarios/*.toml; do $(BIN)/crashbench check --scenario $$s --plain; done
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py

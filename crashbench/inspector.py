@@ -34,7 +34,8 @@ class StoredKey:
     type: str  # "list" | "set" | "zset" | "hash" | "string" | "stream" | "none" (gone while we looked)
     items: list[bytes] = field(default_factory=list)  # list / set / zset members; a string's value
     fields: dict[bytes, bytes] = field(default_factory=dict)  # hash
-    entries: dict[str, dict[bytes, bytes]] = field(default_factory=dict)  # stream: entry id -> fields
+    # stream: entry id -> fields, for the entries a group may still owe (see _read_stream)
+    entries: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     groups: list[StreamGroup] = field(default_factory=list)
 
     def stream_places(self) -> Iterator[tuple[str, str, dict[bytes, bytes] | None]]:
@@ -78,6 +79,7 @@ def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
             if name not in seen:
                 seen.add(name)
                 names.append(name)
+    names.sort()  # SCAN's order is arbitrary; a reading should not be
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.type(name)
@@ -110,15 +112,9 @@ def _read(r: redis.Redis, name: bytes, text: str, kind: str) -> StoredKey:
 
 
 def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
-    start = "-"
-    while True:
-        chunk = r.xrange(name, start, "+", count=CHUNK)
-        for eid, fields in chunk:
-            key.entries[eid.decode() if isinstance(eid, bytes) else eid] = fields
-        if len(chunk) < CHUNK:
-            break
-        last = chunk[-1][0]
-        start = "(" + (last.decode() if isinstance(last, bytes) else last)
+    """The groups, their pending entries, and the entries that can still hold a job: with no group
+    every entry; with groups, those after the oldest last-delivered id and those pending. Acknowledged
+    history (a stream keeps it until trimmed) holds no job, and reading it would cost the most."""
     for info in r.xinfo_groups(name):
         gname = _text(info["name"])
         group = StreamGroup(gname, _text(info["last-delivered-id"]))
@@ -131,6 +127,22 @@ def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
                 break
             after = "(" + _text(pel[-1]["message_id"])
         key.groups.append(group)
+    start = "-" if not key.groups else "(" + min(key.groups, key=lambda g: _entry_id(g.last_delivered)).last_delivered
+    while True:
+        chunk = r.xrange(name, start, "+", count=CHUNK)
+        for eid, fields in chunk:
+            key.entries[_text(eid)] = fields
+        if len(chunk) < CHUNK:
+            break
+        start = "(" + _text(chunk[-1][0])
+    wanted = sorted({eid for g in key.groups for eid in g.pending if eid not in key.entries}, key=_entry_id)
+    for i in range(0, len(wanted), CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for eid in wanted[i : i + CHUNK]:
+            pipe.xrange(name, eid, eid)
+        for found in pipe.execute():
+            for eid, fields in found:  # empty when the entry was deleted or trimmed
+                key.entries[_text(eid)] = fields
 
 
 def _text(v: bytes | str) -> str:

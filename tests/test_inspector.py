@@ -1,0 +1,57 @@
+"""The inspector reads a real server itself: every key type, and a stream by what its group still owes."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from crashbench import inspector
+from crashbench.designs import DesignSettings
+from crashbench.designs.reliable import ReliableQueue
+
+
+def test_every_key_type_is_read_and_only_the_run_s_keys(client: redis.Redis, valkey_url: str) -> None:
+    p = "insp:1:"
+    client.rpush(p + "list", "a", "b")
+    client.sadd(p + "set", "c")
+    client.zadd(p + "zset", {"d": 1.0})
+    client.hset(p + "hash", mapping={"f": "e"})
+    client.set(p + "string", "g")
+    client.set("insp:10:list", "not ours")
+    snap = inspector.take(inspector.raw_client(valkey_url), [p + "*"])
+    assert {k: v.type for k, v in snap.keys.items()} == {
+        p + "list": "list", p + "set": "set", p + "zset": "zset", p + "hash": "hash", p + "string": "string",
+    }  # fmt: skip
+    assert snap.keys[p + "list"].items == [b"a", b"b"] and snap.keys[p + "hash"].fields == {b"f": b"e"}
+    assert snap.keys[p + "zset"].items == [b"d"] and snap.keys[p + "string"].items == [b"g"]
+
+
+def test_a_stream_is_read_by_what_its_group_still_owes(client: redis.Redis, valkey_url: str) -> None:
+    key = "insp:2:stream"
+    client.xgroup_create(key, "g", id="0", mkstream=True)
+    ids = [client.xadd(key, {"id": f"j{i}"}) for i in range(6)]
+    client.xreadgroup("g", "w1", {key: ">"}, count=4)  # j0..j3 delivered to w1
+    client.xack(key, "g", ids[0])  # j0 done: history
+    client.xdel(key, ids[1])  # j1 pending, its entry deleted (trimmed)
+    snap = inspector.take(inspector.raw_client(valkey_url), [key])
+    places = [(where, eid, fields) for where, eid, fields in snap.keys[key].stream_places()]
+    assert [(w, f[b"id"] if f else None) for w, _, f in places] == [
+        ("", b"j4"), ("", b"j5"), ("pel:w1", None), ("pel:w1", b"j2"), ("pel:w1", b"j3"),
+    ]  # fmt: skip
+    assert ids[0] not in snap.keys[key].entries  # acknowledged history is not even read
+
+
+def test_a_design_locates_its_jobs_by_its_own_key_roles(client: redis.Redis, valkey_url: str) -> None:
+    q = ReliableQueue(client, "insp:3:", DesignSettings())
+    job = json.dumps({"id": "000001", "payload": "", "attempts": 0})
+    client.lpush("insp:3:pending", job)
+    client.lpush("insp:3:processing:w1", json.dumps({"id": "000002", "payload": "", "attempts": 0}))
+    client.zadd("insp:3:delayed", {json.dumps({"id": "000003", "payload": "", "attempts": 1}): 5.0})
+    client.lpush("insp:3:dead", json.dumps({"id": "000004", "payload": "", "attempts": 3}))
+    client.sadd("insp:3:requeued", "000009")  # bookkeeping: ids, not jobs
+    client.hset("insp:3:heartbeats", "w1", "1.0")
+    client.lpush("insp:3:parked", job)  # a key the design never declared: the job is found there too
+    located = q.locate(inspector.take(inspector.raw_client(valkey_url), q.key_patterns()))
+    assert located.held == {"000001": ["parked", "pending"], "000002": ["processing:w1"], "000003": ["delayed"]}
+    assert located.delayed == {"000003"} and located.dead == {"000004": ["dead"]}
