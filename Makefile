@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs scenarios clean
+.PHONY: compare test lint bench saboteurs scenarios inspector-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,7 +38,10 @@ scenarios: $(STAMP)  ## every shipped scenario, as shipped, against its own exac
 	set -e; for s in scenarios/*.toml; do $(BIN)/crashbench check --scenario $$s --plain; done
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
-	$(BIN)/python bench/saboteurs.py
+	$(BIN)/python bench/saboteurs.py results/readme/saboteurs
+
+inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
+	$(BIN)/python bench/inspector_cost.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

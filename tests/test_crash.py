@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 
@@ -98,6 +99,8 @@ def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_ur
     # Its backlog() counts the pending list only, so the run "drained" with the parked jobs left over.
     parked = [f"{i:06d}" for i in range(7, 100, 10)]
     assert {p.check: p.ids for p in run.problems} == {"backlog_wrong": parked}
+    assert run.workdir is not None
+    shutil.rmtree(run.workdir)  # kept as evidence of the wrong report
     assert c.enqueued == 100
     assert c.lost == 10
     assert c.duplicated == 10 and c.extra_executions == 10
@@ -128,6 +131,7 @@ def test_workers_that_crash_on_their_own_abort_the_run_with_their_error(valkey_u
 
 def test_an_exception_in_the_runner_still_stops_every_worker(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kills=0)
-    with pytest.raises(UnexpectedError, match="backlog is broken on purpose"):
+    with pytest.raises(UnexpectedError, match="backlog is broken on purpose") as info:
         run_designs(sc, ["designs_broken:BacklogRaises"], Options(redis_url=valkey_url))
+    shutil.rmtree(info.value.message.rsplit("kept in ", 1)[1].strip())  # the evidence it kept
     # The autouse fixture checks that no worker outlived the exception.

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,6 +21,9 @@ from crashbench.workload import job_ids
 
 
 def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    """The checks that fired, with their ids; the work directory a broken run keeps is removed."""
+    if run.workdir:
+        shutil.rmtree(run.workdir)
     return {p.check: p.ids for p in run.problems}
 
 
@@ -46,13 +51,13 @@ def test_saboteur_counts_come_out_exactly_as_planted(valkey_url: str, small: Sce
 
 def test_a_state_that_claims_jobs_it_does_not_hold_is_named(valkey_url: str, small: Scenario) -> None:
     run = run_designs(small, ["designs_saboteur:GhostState"], Options(redis_url=valkey_url)).runs[0]
+    assert run.workdir is not None and Path(run.workdir, "ledger").is_dir()  # the evidence is kept
     found = checks(run)
     assert found["state_claims_absent"] == list(GhostState.GHOSTS)
     assert found["state_claims_dead"] == list(GhostState.DEAD_GHOSTS)
     # The lie changes no count: what the kills took is lost, not stranded or dead-lettered.
     c = run.counts
     assert (c.lost, c.stranded, c.dead_lettered) == (c.kills_mid_job, 0, 0) == (5, 0, 0)
-    assert run.workdir is not None  # the evidence behind a wrong report is kept
 
 
 def test_a_backlog_that_always_says_zero_is_caught(valkey_url: str, small: Scenario) -> None:
@@ -85,8 +90,8 @@ def test_a_design_that_raises_is_an_unexpected_error_with_its_workdir_kept(valke
     assert "designs_saboteur.py" in message and "in state" in message
     assert "kept in" in message
     kept = message.rsplit("kept in ", 1)[1].strip()
-    assert (__import__("pathlib").Path(kept) / "ledger").is_dir()
-    __import__("shutil").rmtree(kept)
+    assert (Path(kept) / "ledger").is_dir()
+    shutil.rmtree(kept)
 
 
 @pytest.mark.parametrize("kills", [0, 5])
