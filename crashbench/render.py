@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from rich import box
@@ -37,6 +38,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  before their backoff", "early_retries"),
     ("unexpected", "unexpected"),
     ("interrupted", "interrupted"),
+    ("  never ran again", "unrecovered"),
     ("indeterminate enqueues", "indeterminate"),
     ("  done all the same", "recovered"),
     ("acks lost", "acks_lost"),
@@ -51,8 +53,12 @@ ALARM = {
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes",
+    "early_retries", "undrained", "worker_crashes", "unrecovered",
 }  # fmt: skip
+
+
+def _recovery(ms: float) -> str:
+    return "never" if math.isinf(ms) else f"{ms:.0f} ms"  # a hit job that never ran again
 
 
 def _failed_metrics(result: Result, name: str) -> set[str]:
@@ -112,9 +118,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
         ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),
         ("worker start (median)", lambda r: r.timings.startup_ms_median, lambda v: f"{v:.1f} ms"),
         ("restart (median)", lambda r: r.timings.restart_ms_median, lambda v: f"{v:.1f} ms"),
-        ("recovery p50", lambda r: r.timings.recovery_ms_p50, lambda v: f"{v:.0f} ms"),
-        ("recovery p95", lambda r: r.timings.recovery_ms_p95, lambda v: f"{v:.0f} ms"),
-        ("recovery max", lambda r: r.timings.recovery_ms_max, lambda v: f"{v:.0f} ms"),
+        ("recovery p50", lambda r: r.timings.recovery_ms_p50, _recovery),
+        ("recovery p95", lambda r: r.timings.recovery_ms_p95, _recovery),
+        ("recovery max", lambda r: r.timings.recovery_ms_max, _recovery),
     ]
     for label, get, fmt in rows:
         if label.startswith("recovery") and all(get(r) is None for r in result.runs):
