@@ -116,3 +116,15 @@ class StateRaises(NaiveQueue):
 
     def state(self) -> QueueState:
         raise ZeroDivisionError("state is broken on purpose")
+
+
+class SpacedId(NaiveQueue):
+    """Hands its workers one job whose id holds a space: the ledger refuses to write it."""
+
+    name = "spaced-id"
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        super().enqueue(jobs)
+        if not self.r.set(self.key("spaced-sent"), 1, nx=True):
+            return
+        self.r.rpush(self.key("pending"), json.dumps({"id": "a b", "payload": ""}))  # the first one fetched

@@ -125,3 +125,12 @@ def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
     assert removed == [1] * 10
     assert sorted(run.jobs["lost"]) == victims and run.counts.lost == 10
     assert run.counts.done == 590 and run.problems == []
+
+
+def test_a_job_id_with_a_space_crashes_one_worker_with_a_clear_error_not_the_run(
+    valkey_url: str, small: Scenario
+) -> None:
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, ["designs_saboteur:SpacedId"], Options(redis_url=valkey_url)).runs[0]
+    assert run.counts.worker_crashes == 1 and run.counts.done == 600
+    assert "job id 'a b' contains whitespace" in run.worker_exits[0].log_tail
