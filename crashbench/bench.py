@@ -35,22 +35,11 @@ import psutil
 import redis
 
 from crashbench import workdirs
+from crashbench.bench_results import BenchResult, BenchSettings, Latency, Measurement, Memory, Point, Restart
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
 from crashbench.errors import RunAborted
 from crashbench.ledger import Ledger
-from crashbench.results import (
-    BenchResult,
-    BenchSettings,
-    Latency,
-    Measurement,
-    Memory,
-    Point,
-    Restart,
-    Stats,
-    environment,
-    new_id,
-    now_iso,
-)
+from crashbench.results import Stats, environment, new_id, now_iso
 from crashbench.server import ServerInfo, cleanup_keys, open_server
 from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import WorkerSpec, run_bare, run_worker

@@ -10,8 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from crashbench.bench_results import BenchResult
 from crashbench.counts import Problem
-from crashbench.results import BenchResult, DesignRun, Result, ThresholdResult, group, number, spread
+from crashbench.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.results import label as label_of
 from crashbench.runner import Progress
 from crashbench.thresholds import coverage
