@@ -29,6 +29,9 @@ from crashbench.thresholds import Threshold, check_all, check_targets, count_eva
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
+# The URL may come from the environment, where a user who set REDIS_URL for an application may not
+# think of it: the hint names both ways.
+NO_URL = "leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,18 +95,18 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
             raise UsageError(
                 f"persistence {scenario.persistence} configures the server: "
                 "crashbench does that only to a server it started",
-                hint="leave out --redis-url",
+                hint=NO_URL,
             )
         if options.redis_url and scenario.fault != "none":
             raise UsageError(
                 f"a broker fault ({scenario.fault}) kills the server: crashbench does that only to a server it started",
-                hint="leave out --redis-url (each run then gets a private server with the scenario's persistence)",
+                hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
         cls = load_design(spec)
         if options.redis_url and not cls.namespaced:
             raise UsageError(
                 f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
-                hint="leave out --redis-url",
+                hint=NO_URL,
             )
         if cls.library and cls.library not in libraries:
             libraries.append(cls.library)

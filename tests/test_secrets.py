@@ -278,3 +278,13 @@ def test_a_server_lost_mid_run_is_exit_3_without_the_password(tmp_path: Path) ->
     assert "lost the server at" in err and "Traceback" not in err + out and len(err.splitlines()) < 25
     assert password not in out + err
     assert files_with(tmp_path, password) == []
+
+
+def test_a_design_refused_on_an_external_server_says_the_url_may_come_from_the_environment(
+    secured: Secured, tmp_path: Path
+) -> None:
+    # huey keeps keys outside crashbench's namespace: refused before anything runs, with a hint that
+    # names the environment variable the URL came from, and without the password.
+    cp, _ = watched(["run", "--design", "huey", "--out", str(tmp_path)], {"REDIS_URL": secured.url})
+    assert cp.returncode == ExitCode.USAGE, cp.stderr + cp.stdout
+    assert "REDIS_URL" in cp.stderr and secured.password not in cp.stdout + cp.stderr
