@@ -37,10 +37,11 @@ import redis
 from crashbench import workdirs
 from crashbench.bench_results import BenchResult, BenchSettings, Latency, Measurement, Memory, Point, Restart
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
-from crashbench.errors import RunAborted
+from crashbench.errors import Interrupted, RunAborted
 from crashbench.ledger import Ledger
 from crashbench.results import Stats, environment, new_id, now_iso
 from crashbench.server import ServerInfo, cleanup_keys, open_server
+from crashbench.stopflag import StopFlag
 from crashbench.supervisor import Supervisor, WorkerProcess
 from crashbench.worker import WorkerSpec, run_bare, run_worker
 from crashbench.workload import Workload
@@ -49,6 +50,14 @@ WAIT_TIMEOUT = 120.0  # a measurement that does not finish in this long is a bro
 # How often the throughput phases look whether the workers are done. The figures come from the
 # workers' own timestamps, so this only costs (CPU taken from the workers on 2 cores) when short.
 POLL = 0.02
+# SIGINT / SIGTERM only set it while run_bench runs; every loop reads it (`_check_stop`), and the
+# `finally` blocks on the way out stop the workers and delete the keys, as a crash run does.
+_stop = StopFlag()
+
+
+def _check_stop() -> None:
+    if _stop.raised:
+        raise Interrupted("interrupted: workers stopped, nothing left running")
 
 
 def _stats(values: Sequence[float]) -> Stats:
@@ -142,6 +151,7 @@ def _wait(
     so it polls slowly: on 2 cores a busy poller would take CPU from the workers it measures."""
     deadline = time.monotonic() + WAIT_TIMEOUT
     while True:
+        _check_stop()
         tick()
         if done():
             return
@@ -184,6 +194,7 @@ def _jobs(prefix: str, n: int, high_share: float) -> list[Job]:
 def _enqueue(design: Design, jobs: list[Job]) -> float:
     start = time.perf_counter()
     for i in range(0, len(jobs), 1000):
+        _check_stop()
         design.enqueue(jobs[i : i + 1000])
     return time.perf_counter() - start
 
@@ -271,6 +282,7 @@ def _latency(s: _Session, settings: BenchSettings, rate: float) -> dict[str, Lat
     start = time.monotonic()
     for i, job in enumerate(jobs):
         due = start + i / rate
+        _check_stop()
         while (now := time.monotonic()) < due:
             if due - now > 0.002:
                 time.sleep(due - now - 0.001)
@@ -342,6 +354,7 @@ def memory(server: ServerInfo, jobs: int, tag: str) -> list[Memory]:
                 else:
                     pipe.xadd(key, {"job": f"{i:07d}", "payload": payload})
                 if i % 1000 == 999:
+                    _check_stop()
                     pipe.execute()
             pipe.execute()
             used = int(client.memory_usage(key, samples=0) or 0)
@@ -396,21 +409,27 @@ def run_bench(
     workdirs.remove_orphans()
     run_id = secrets.token_hex(4)
     started = time.monotonic()
-    with open_server(redis_url, server_binary) as server:
-        measurements: list[Measurement] = []
-        for spec in settings.designs:
-            for workers in settings.workers:
-                for repeat in range(settings.repeat):
-                    progress(f"{spec}: {workers} workers, repeat {repeat + 1}/{settings.repeat}")
-                    tag = f"{run_id}:b{len(measurements)}"
-                    measurements.append(measure(server, spec, settings, workers, repeat, tag))
-        restart = []
-        for spec in settings.designs:
-            progress(f"{spec}: restarts")
-            restart.append(restarts(server, spec, settings, f"{run_id}:r-{safe_name(spec)}"))
-        progress("memory per 1M queued jobs")
-        mem = memory(server, settings.memory_jobs, run_id) if settings.memory_jobs else []
-        env = environment(server, {})
+    _stop.raised = False
+    with _stop.installed(), open_server(redis_url, server_binary) as server:
+        try:
+            measurements: list[Measurement] = []
+            for spec in settings.designs:
+                for workers in settings.workers:
+                    for repeat in range(settings.repeat):
+                        progress(f"{spec}: {workers} workers, repeat {repeat + 1}/{settings.repeat}")
+                        tag = f"{run_id}:b{len(measurements)}"
+                        measurements.append(measure(server, spec, settings, workers, repeat, tag))
+            restart = []
+            for spec in settings.designs:
+                progress(f"{spec}: restarts")
+                restart.append(restarts(server, spec, settings, f"{run_id}:r-{safe_name(spec)}"))
+            progress("memory per 1M queued jobs")
+            mem = memory(server, settings.memory_jobs, run_id) if settings.memory_jobs else []
+            env = environment(server, {})
+        finally:
+            if server.mode == "external":  # what an interruption left (the memory backlog), never others'
+                with contextlib.suppress(redis.RedisError):
+                    cleanup_keys(server.url, f"crashbench:{run_id}:")
     return BenchResult(
         new_id(run_id), now_iso(), settings, measurements, summarize(measurements), restart, mem, env,
         round(time.monotonic() - started, 2),

@@ -375,7 +375,7 @@ def list_() -> None:
 
 
 # The other commands register themselves on `cli` when imported (they use the helpers above).
-from crashbench import cli_bench, cli_store  # noqa: E402, F401
+from crashbench import cli_bench, cli_clean, cli_store  # noqa: E402, F401
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import redis
 
-from crashbench import inspector, tally, workdirs
+from crashbench import inspector, lease, tally, workdirs
 from crashbench.broker import Broker, Producer, wait_back
 from crashbench.designs import Design, Job, Located, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
@@ -193,6 +193,7 @@ class CrashRun:
         if now >= self._next_recover and self.phase != "starting":
             self._tolerant(lambda: self.design.recover(now), None)
             self._next_recover = now + self.sc.recover_every
+        lease.tick(self.url, self.prefix, now, keep=self.keep_dir)  # keys' safety expiry (crashbench.lease)
         self._report()
 
     def _report(self, force: bool = False) -> None:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import redis
 
-from crashbench import workdirs
+from crashbench import lease, workdirs
 from crashbench.errors import ServerUnavailable
+from crashbench.reaper import become_subreaper, die_with_parent, end_sessions
 from crashbench.redact import redact_text, redact_url
-from crashbench.supervisor import die_with_parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,8 @@ class EmbeddedServer:
         """SIGKILL the server: what it had not persisted is gone; its files stay for `restart`."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
+            # A `--server` wrapper that does not exec runs the server as its child: that one too.
+            end_sessions({self.proc.pid}, grace=0.0, keep=frozenset({self.proc.pid}))
             self.proc.wait()
 
     def restart(self, timeout: float = 30.0) -> None:
@@ -133,6 +135,7 @@ class EmbeddedServer:
             raise ServerUnavailable(f"{self.binary} did not come back on port {self.port}:\n{tail.strip()}")
 
     def _popen(self, args: list[str]) -> subprocess.Popen[bytes]:
+        become_subreaper()  # a wrapper's server outliving the wrapper stays ours to find and reap
         try:
             return subprocess.Popen(
                 args,
@@ -152,6 +155,7 @@ class EmbeddedServer:
             log = self.dir / "server.log"
             self.proc = self._popen(self._args(log))
             if self._wait_ready(timeout):
+                lease.PRIVATE.add(self.url)  # it dies with crashbench: its keys need no expiry
                 return
             last_log = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             self.stop_process()
@@ -178,17 +182,22 @@ class EmbeddedServer:
             client.close()
 
     def stop_process(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        # The server runs in its own session (start_new_session): what is left in it is what a wrapper
+        # script that does not exec started (the real server), which outlives the wrapper.
+        end_sessions({self.proc.pid}, grace=5.0)
 
     def stop(self) -> None:
         self.stop_process()
+        lease.PRIVATE.discard(self.url)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -10,12 +10,15 @@ belong to anyone else. We reap only here, and check the process's start time bef
 With `tree`, a fault goes to the worker and every process below it (a library's per-job child, which
 may have left the worker's process group): those are found through psutil, whose signals check the
 start time too.
+
+Escapees (a work horse that left its worker's process group and outlived it): `stop_all` ends
+whatever is left in the workers' sessions, and a watchdog does so if crashbench is SIGKILLed
+(crashbench.reaper).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -27,13 +30,7 @@ from pathlib import Path
 
 import psutil
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+from crashbench.reaper import Watchdog, become_subreaper, close_lifelines, die_with_parent, end_sessions
 
 
 @dataclass(slots=True)
@@ -87,11 +84,13 @@ class Supervisor:
         self.workers: list[WorkerProcess] = []  # every worker ever started, in order
         self.slots: dict[int, WorkerProcess] = {}  # slot -> its current worker
         self._pid = os.getpid()
+        self.watchdog = Watchdog()
 
     def spawn(self, slot: int) -> WorkerProcess:
         name = f"w{len(self.workers)}"
         log = self.log_dir / f"{name}.log"
         body = self.prepare(name)
+        become_subreaper()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -110,6 +109,7 @@ class Supervisor:
         except psutil.NoSuchProcess:  # already exited and is a zombie; still ours until reaped
             created = 0.0
         worker = WorkerProcess(name, slot, pid, self.clock(), created, log)
+        self.watchdog.watch(pid)  # its session id: the worker calls setsid
         self.workers.append(worker)
         self.slots[slot] = worker
         return worker
@@ -119,6 +119,7 @@ class Supervisor:
         die_with_parent()
         if os.getppid() != self._pid:  # the parent died before the line above took effect
             os._exit(1)
+        close_lifelines()  # the watchdog must see its pipe close when crashbench dies
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -262,3 +263,8 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 self.send(w, signal.SIGKILL)
             self.wait_exit(w, 5.0)
+        # What left its worker's process group and outlived it (a work horse, a pool process): every
+        # worker has exited now, so whatever is still in their sessions is left over.
+        end_sessions({w.pid for w in self.workers}, grace=0.0, keep=frozenset(w.pid for w in self.alive()))
+        if not self.alive():
+            self.watchdog.close()

