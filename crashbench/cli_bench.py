@@ -33,7 +33,7 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
     "--jobs", type=click.IntRange(min=1), default=BenchSettings().jobs, show_default=True, help="Jobs per measurement."
 )
 @click.option(
-    "--job-ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Handler duration; 0 = no-op jobs."
+    "--job-ms", type=base.FiniteFloat(min=0), default=0.0, show_default=True, help="Handler duration; 0 = no-op jobs."
 )
 @click.option(
     "--repeat",

@@ -19,15 +19,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import signal
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from crashbench import thresholds
 from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
+from crashbench.scenario_files import available as available
+from crashbench.scenario_files import find as find
+from crashbench.scenario_files import read_document
+from crashbench.scenario_files import scenario_dirs as scenario_dirs
 from crashbench.thresholds import Threshold
 from crashbench.workload import DISTRIBUTIONS, Workload, job_ids
 
@@ -53,6 +56,59 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, promote its replica
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+
+SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
+MAX_INT = 2**63 - 1  # TOML's own integer range, and Redis's
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What one numeric setting accepts: a finite number (whole or not) above `low`, at most `high`."""
+
+    whole: bool
+    low: float | None = None
+    low_included: bool = True
+    high: float | None = None
+
+    def accepts(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return False
+        if self.whole and not isinstance(v, int):
+            return False
+        # Magnitude before isfinite: a huge int would overflow converting to float. NaN and infinity
+        # are refused: they pass every comparison below (nan) or make a run never end (inf).
+        if (isinstance(v, int) and abs(v) > MAX_INT) or (isinstance(v, float) and not math.isfinite(v)):
+            return False
+        if self.low is not None and (v < self.low if self.low_included else v <= self.low):
+            return False
+        return self.high is None or v <= self.high
+
+    def wanted(self) -> str:
+        if self.high is not None:
+            return f"a number between {self.low:g} and {self.high:g}"
+        kind = "a whole number" if self.whole else "a number"
+        return kind if self.low is None else f"{kind} {'>=' if self.low_included else '>'} {self.low:g}"
+
+
+POSITIVE_INT, COUNT = Bound(True, 0, False), Bound(True, 0)
+POSITIVE, NON_NEGATIVE = Bound(False, 0, False), Bound(False, 0)
+SHARE = Bound(False, 0, True, 1)
+# Every numeric setting; the rest are a choice among names (CHOICES), or name, description, designs.
+NUMBERS: dict[str, Bound] = {
+    "jobs": POSITIVE_INT, "job_ms": NON_NEGATIVE, "workers": POSITIVE_INT, "job_ms_max": NON_NEGATIVE,
+    "poison_rate": SHARE, "transient_rate": SHARE, "transient_failures": POSITIVE_INT,
+    "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
+    "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
+    "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
+    "batch_size": POSITIVE_INT,
+    "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
+    "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE,
+    "drain_timeout": POSITIVE,  # or None: the design's own default
+}  # fmt: skip
+CHOICES: dict[str, tuple[str, ...]] = {
+    "job_dist": DISTRIBUTIONS, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN, "kill_target": KILL_TARGETS,
+    "fault": BROKER_FAULTS, "persistence": PERSISTENCE,
+}  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
@@ -165,56 +221,31 @@ class Scenario:
         return scenario
 
     def problems(self) -> list[str]:
+        """Every problem with the settings, one line each. Any value of any type gives a problem, never
+        an exception: the values may come straight from a TOML file or the command line."""
         p: list[str] = []
-        _positive_int(p, "workload.jobs", self.jobs)
-        _positive_int(p, "workload.workers", self.workers)
-        _non_negative(p, "workload.job_ms", self.job_ms)
-        if self.job_dist not in DISTRIBUTIONS:
-            p.append(f"workload.job_dist must be one of {', '.join(DISTRIBUTIONS)}, not {self.job_dist!r}")
-        _non_negative(p, "workload.job_ms_max", self.job_ms_max)
-        for name in ("poison_rate", "transient_rate"):
+        for name, bound in NUMBERS.items():
             v = getattr(self, name)
-            if not _number(v) or not 0 <= v <= 1:
-                p.append(f"workload.{name} is a share of jobs, between 0 and 1, not {v!r}")
-        _positive_int(p, "workload.transient_failures", self.transient_failures)
-        _positive(p, "faults.pause", self.pause)
-        if not isinstance(self.kills, int) or isinstance(self.kills, bool) or self.kills < 0:
-            p.append(f"faults.kills must be a whole number >= 0, not {self.kills!r}")
-        _positive(p, "faults.interval", self.interval)
-        if self.signal not in FAULT_SIGNALS:
-            p.append(f"faults.signal {self.signal!r} is not one of {', '.join(FAULT_SIGNALS)}")
-        if self.kill_target not in KILL_TARGETS:
-            p.append(f"faults.kill_target must be one of {', '.join(KILL_TARGETS)}, not {self.kill_target!r}")
-        if self.kill_when not in KILL_WHEN:
-            p.append(f"faults.kill_when must be one of {', '.join(KILL_WHEN)}, not {self.kill_when!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            p.append(f"faults.seed must be a whole number, not {self.seed!r}")
-        _positive(p, "queue.stale_after", self.stale_after)
-        _positive(p, "queue.recover_every", self.recover_every)
-        _positive_int(p, "queue.max_attempts", self.max_attempts)
-        _non_negative(p, "queue.retry_base", self.retry_base)
-        if not _number(self.retry_factor) or self.retry_factor < 1:
-            p.append(f"queue.retry_factor must be a number >= 1, not {self.retry_factor!r}")
-        _non_negative(p, "queue.retry_jitter", self.retry_jitter)
-        _non_negative(p, "queue.heartbeat_every", self.heartbeat_every)
-        if self.fault not in BROKER_FAULTS:
-            p.append(f"broker.fault must be one of {', '.join(BROKER_FAULTS)}, not {self.fault!r}")
-        if self.persistence not in PERSISTENCE:
-            p.append(f"broker.persistence must be one of {', '.join(PERSISTENCE)}, not {self.persistence!r}")
-        _non_negative(p, "broker.fault_at", self.fault_at)
-        _positive(p, "broker.downtime", self.downtime)
-        _positive(p, "broker.produce_s", self.produce_s)
-        if not isinstance(self.wait_replicas, int) or isinstance(self.wait_replicas, bool) or self.wait_replicas < 0:
-            p.append(f"broker.wait_replicas must be a whole number >= 0, not {self.wait_replicas!r}")
-        _positive_int(p, "broker.wait_ms", self.wait_ms)
-        _non_negative(p, "broker.replica_lag", self.replica_lag)
-        if self.replica_lag and self.fault != "failover":
-            p.append('broker.replica_lag is for fault = "failover" (a replica that falls behind its primary)')
-        if self.replica_lag > self.fault_at:
-            p.append(f"broker.replica_lag {self.replica_lag} must not be longer than broker.fault_at {self.fault_at}")
-        _positive_int(p, "queue.batch_size", self.batch_size)
-        if self.drain_timeout is not None:
-            _positive(p, "run.drain_timeout", self.drain_timeout)
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                p.append(f"{SECTION_OF[name]}.{name} is too large: {_show(v)} (at most {MAX_INT})")
+            elif not (v is None and name == "drain_timeout") and not bound.accepts(v):
+                p.append(f"{SECTION_OF[name]}.{name} must be {bound.wanted()}, not {_show(v)}")
+        for name, allowed in CHOICES.items():
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in allowed:
+                p.append(f"{SECTION_OF[name]}.{name} must be one of {', '.join(allowed)}, not {_show(v)}")
+        for name in ("name", "description"):
+            if not isinstance(getattr(self, name), str):
+                p.append(f"{name} must be a string, not {_show(getattr(self, name))}")
+        if not isinstance(self.designs, tuple) or not all(isinstance(d, str) for d in self.designs):
+            p.append(f"run.designs must be a list of design names, not {_show(self.designs)}")
+        p += [f"[library.{_key(d)}] {problem}" for d, table in self.library.items() for problem in _infinite(table)]
+        lag, at = self.replica_lag, self.fault_at
+        if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
+            if lag and self.fault != "failover":
+                p.append('broker.replica_lag is for fault = "failover" (a replica that falls behind its primary)')
+            if lag > at:
+                p.append(f"broker.replica_lag {lag} must not be longer than broker.fault_at {at}")
         return p
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,23 +286,32 @@ def _signal_name(value: str) -> str:
     return name if name.startswith("SIG") else f"SIG{name}"
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _show(v: Any) -> str:
+    """A value as a problem line quotes it: short, and never an error itself (repr refuses ints of
+    over 4300 digits)."""
+    try:
+        text = repr(v)
+    except ValueError:
+        return f"an integer of {v.bit_length()} bits" if isinstance(v, int) else type(v).__name__
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _positive(p: list[str], name: str, v: Any) -> None:
-    if not _number(v) or v <= 0:
-        p.append(f"{name} must be a number > 0, not {v!r}")
+def _key(key: Any) -> str:
+    """A TOML key as a problem line names it: bare when TOML allows, else quoted (a quoted key may
+    hold a newline, which would break the one line per problem)."""
+    text = str(key)
+    return text if text and all(c.isascii() and (c.isalnum() or c in "_-") for c in text) else json.dumps(text)
 
 
-def _non_negative(p: list[str], name: str, v: Any) -> None:
-    if not _number(v) or v < 0:
-        p.append(f"{name} must be a number >= 0, not {v!r}")
-
-
-def _positive_int(p: list[str], name: str, v: Any) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        p.append(f"{name} must be a whole number > 0, not {v!r}")
+def _infinite(value: Any, where: str = "") -> list[str]:
+    """NaN and infinity anywhere in a library's settings: no library setting means either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{where or 'value'} is {value!r}: numbers must be finite"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _infinite(v, f"{where}.{_key(k)}" if where else _key(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _infinite(v, f"{where}[{i}]")]
+    return []
 
 
 def parse(data: dict[str, Any], source: str) -> Scenario:
@@ -289,7 +329,7 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
                 continue
             for sub, v in value.items():
                 if sub not in SECTIONS[key]:
-                    problems.append(f"unknown key {key}.{sub} (known: {', '.join(SECTIONS[key])})")
+                    problems.append(f"unknown key {key}.{_key(sub)} (known: {', '.join(SECTIONS[key])})")
                 else:
                     values[sub] = v
         elif key == "expect":
@@ -302,7 +342,9 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
         else:
             known = f"name, description, {', '.join(SECTIONS)}, expect, library"
             problems.append(f"unknown key or section {key!r} (known: {known})")
-    if "signal" in values:
+    # A signal may be written as a name ("term", "SIGTERM") or a number (15); anything else stays as
+    # written, for problems() to report.
+    if isinstance(values.get("signal"), str | int) and not isinstance(values["signal"], bool):
         values["signal"] = _signal_name(values["signal"])
     if "designs" in values:
         d = values["designs"]
@@ -328,55 +370,24 @@ def _parse_expect(value: Any, problems: list[str]) -> dict[str, tuple[Threshold,
     out: dict[str, tuple[Threshold, ...]] = {}
     for design, table in value.items():
         if not isinstance(table, dict):
-            problems.append(f"[expect.{design}] must be a table of metric = threshold")
+            problems.append(f"[expect.{_key(design)}] must be a table of metric = threshold")
             continue
         parsed = []
         for metric, v in table.items():
+            if metric not in thresholds.METRICS:  # checked here: a quoted key may hold anything, even ": "
+                problems.append(
+                    f"[expect.{_key(design)}] unknown metric {metric!r} (known: {', '.join(thresholds.METRICS)})"
+                )
+                continue
             try:
                 parsed.append(thresholds.parse_entry(design, metric, v, source="scenario"))
             except thresholds.ThresholdSyntaxError as exc:
-                problems.append(f"[expect.{design}] {exc}")
+                problems.append(f"[expect.{_key(design)}] {exc}")
         out[design] = tuple(parsed)
     return out
 
 
-def scenario_dirs() -> list[Path]:
-    """Where scenario names are looked up: ./scenarios, then the ones shipped beside the package."""
-    shipped = Path(__file__).resolve().parent.parent / "scenarios"
-    dirs = [Path.cwd() / "scenarios"]
-    if shipped not in dirs:
-        dirs.append(shipped)
-    return dirs
-
-
-def find(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or "/" in name_or_path:
-        if path.is_file():
-            return path
-        raise ScenarioError(name_or_path, ["no such scenario file"])
-    for d in scenario_dirs():
-        candidate = d / f"{name_or_path}.toml"
-        if candidate.is_file():
-            return candidate
-    known = ", ".join(sorted({p.stem for p in available()})) or "none"
-    raise ScenarioError(name_or_path, [f"no scenario of that name (known: {known})"])
-
-
-def available() -> list[Path]:
-    seen: dict[str, Path] = {}
-    for d in scenario_dirs():
-        for p in sorted(d.glob("*.toml")):
-            seen.setdefault(p.stem, p)
-    return list(seen.values())
-
-
 def load(name_or_path: str | None) -> Scenario:
+    """A scenario by name (./scenarios, then the shipped ones) or path; ScenarioError lists every problem."""
     path = find(name_or_path or "default")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(str(path), [f"not valid TOML: {exc}"]) from None
-    except OSError as exc:
-        raise ScenarioError(str(path), [f"cannot read: {exc.strerror}"]) from None
-    return parse(data, str(path))
+    return parse(read_document(path), str(path))

@@ -23,6 +23,8 @@ nobody injected what they count, so any is a failure. A design with none of them
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -134,6 +136,8 @@ def parse(text: str, design: str | None = None, source: str = "command line") ->
             f"{text!r}: {rhs!r} is not a number (with s, ms or %), nor a count name; like 0, 2s, 500ms, -10%"
         )
     number, unit = float(v["number"]), v["unit"] or ""
+    if not math.isfinite(number):  # hundreds of digits: float() gives inf, which every comparison misreads
+        raise ThresholdSyntaxError(f"{text[:40]!r}...: {v['number'][:20]}... is too large a number")
     metric_unit = METRICS[metric].unit
     if unit == "%":
         return Threshold(metric, op, number, relative=True, stat=stat, design=design, source=source)
@@ -147,8 +151,23 @@ def parse(text: str, design: str | None = None, source: str = "command line") ->
 def parse_entry(design: str, metric: str, value: Any, source: str) -> Threshold:
     """A scenario's `[expect.<design>]` entry: `metric = 0` or `metric = "<= 2"` / `"< 2s"` / `"== kills"`."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ThresholdSyntaxError(f'{metric} = {value!r}: write a number or a string like "<= 2" or "< 2s"')
-    text = f"{metric} == {value:g}" if isinstance(value, int | float) else f"{metric} {value}"
+        # a list or table is named, not shown: it may hold anything, even an int repr() refuses
+        shown = f"a {type(value).__name__}" if isinstance(value, list | dict) else repr(value)
+        raise ThresholdSyntaxError(f'{metric} = {shown}: write a number or a string like "<= 2" or "< 2s"')
+    huge = isinstance(value, int) and value.bit_length() > 1024  # inf as a float; str() refuses > 4300 digits
+    if huge or (isinstance(value, float) and not math.isfinite(value)):
+        if isinstance(value, int):
+            raise ThresholdSyntaxError(f"{metric} = an integer of {value.bit_length()} bits: too large a number")
+        raise ThresholdSyntaxError(f"{metric} = {value!r}: a threshold must be a finite number")
+    # Plain decimal digits, the only numbers the rule syntax has: :g would turn a huge int into a float
+    # (OverflowError) and write 1e-07, which the syntax does not read.
+    if isinstance(value, int | float):
+        number = str(value) if isinstance(value, int) else format(decimal.Decimal(repr(value)), "f")
+        text = f"{metric} == {number}"
+    else:
+        text = f"{metric} {value}"
+    if isinstance(value, str) and ": " in value:  # the table names the design; a rule's own prefix would override it
+        raise ThresholdSyntaxError(f"{metric} = {value!r}: no DESIGN: prefix here, the [expect.DESIGN] table names it")
     if isinstance(value, str) and not re.match(r"^\s*(==|!=|<=|>=|<|>|=)", value):
         text = f"{metric} == {value}"
     return parse(text, design=design, source=source)

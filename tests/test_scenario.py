@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from crashbench import scenario
+from crashbench import scenario, scenario_files
 from crashbench.errors import ScenarioError, UsageError
 from crashbench.faults import plan_kills
 from crashbench.session import sweep_values
@@ -114,3 +118,122 @@ def test_library_tables_pass_through_to_the_design_settings(tmp_path: Path) -> N
     path.write_text("[library]\nrq = 3\n")
     with pytest.raises(ScenarioError, match="one table per design"):
         scenario.load(str(path))
+
+
+# --- Safe on any input: every field checked by type, nan and inf refused, unreadable files named ---
+
+
+def crashbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "crashbench", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def problems_of(tmp_path: Path, text: str | bytes) -> list[str]:
+    path = tmp_path / "s.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    with pytest.raises(ScenarioError) as info:
+        scenario.load(str(path))
+    return info.value.problems
+
+
+def test_a_value_of_the_wrong_type_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    found = problems_of(
+        tmp_path,
+        '[broker]\nfault_at = "soon"\nreplica_lag = "1"\n[faults]\nkills = true\ninterval = "0.5"\nsignal = 1.5\n'
+        '[queue]\nmax_attempts = 2.5\n[run]\ndesigns = "naive"\n',
+    )
+    assert len(found) == 7, found
+    for fragment in ("broker.fault_at", "broker.replica_lag", "faults.kills", "faults.interval", "faults.signal",
+                     "queue.max_attempts", "run.designs"):  # fmt: skip
+        assert any(p.startswith(fragment) for p in found), (fragment, found)
+    cp = crashbench("run", "--scenario", str(tmp_path / "s.toml"), "--server", "/nonexistent", cwd=tmp_path)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr and "7 problem(s)" in cp.stderr, cp.stderr
+    assert "  - broker.fault_at must be a number >= 0, not 'soon'\n" in cp.stderr  # one line per problem
+    assert problems_of(tmp_path, "workload = 3\nname = 4\n") == ["[workload] must be a table", "name must be a string"]
+    found = problems_of(tmp_path, "[workload]\njobs = -5\nworkers = 0\n[faults]\nkills = -1\n[broker]\nwait_ms = 1e3\n")
+    assert [p.split()[0] for p in found] == ["workload.jobs", "workload.workers", "faults.kills", "broker.wait_ms"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+inf"])
+def test_nan_and_infinity_in_a_scenario_file_are_refused(tmp_path: Path, value: str) -> None:
+    text = (
+        f"[workload]\njob_ms = {value}\npoison_rate = {value}\n[faults]\ninterval = {value}\n"
+        f"[queue]\nstale_after = {value}\nretry_factor = {value}\n[broker]\nfault_at = {value}\n"
+        f"[run]\ndrain_timeout = {value}\n[expect.naive]\nlost = {value}\n[library.rq]\nworker_ttl = [{value}]\n"
+    )
+    found = problems_of(tmp_path, text)
+    fragments = ["workload.job_ms", "workload.poison_rate", "faults.interval", "queue.stale_after",
+                 "queue.retry_factor", "broker.fault_at", "run.drain_timeout", "[expect.naive]",
+                 "[library.rq]"]  # fmt: skip
+    for fragment in fragments:
+        assert any(p.startswith(fragment) for p in found), (fragment, found)
+
+
+def test_huge_numbers_are_refused_with_a_short_message(tmp_path: Path) -> None:
+    found = problems_of(tmp_path, f"[workload]\njobs = {2**63}\n[expect.naive]\nlost = {'9' * 400}\n")
+    assert found[0].startswith("[expect.naive]") and "too large" in found[0] and len(found[0]) < 200
+    assert found[1].startswith("workload.jobs is too large")
+    assert "4300 digits" in problems_of(tmp_path, "a = " + "9" * 5000)[0]
+    assert "nested too deeply" in problems_of(tmp_path, "a = " + "[" * 5000)[0]
+
+
+def test_a_file_that_is_not_utf8_is_a_clean_error(tmp_path: Path) -> None:
+    (found,) = problems_of(tmp_path, "[workload]\n# caf\xe9\njobs = 3\n".encode("latin-1"))
+    assert found.startswith("not UTF-8 text (byte 0xe9")
+    assert scenario.load(str(_write(tmp_path / "bom.toml", b"\xef\xbb\xbf[workload]\njobs = 3\n"))).jobs == 3
+    # `list` in a directory whose ./scenarios holds one: it shows as invalid, the others still listed
+    _write(tmp_path / "scenarios" / "bad.toml", b"name = '\xff'\n")
+    cp = crashbench("list", cwd=tmp_path)
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr
+    assert "invalid: " in cp.stdout and "bad" in cp.stdout and "default" in cp.stdout
+    cp = crashbench("run", "--scenario", "bad", cwd=tmp_path)
+    assert cp.returncode == 2 and "not UTF-8" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def _write(path: Path, raw: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return path
+
+
+def test_every_numeric_override_refuses_nan_and_infinity() -> None:
+    sc = scenario.Scenario()
+    for name, bound in scenario.NUMBERS.items():
+        bad = [math.nan, math.inf, -math.inf, True, "1", 2**64] + ([1.5] if bound.whole else [])
+        for value in bad:
+            with pytest.raises(ScenarioError, match=rf"\.{name} "):
+                sc.with_overrides(**{name: value})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--interval", "inf"],
+        ["run", "--job-ms", "nan"],
+        ["compare", "--stale-after", "NaN"],
+        ["check", "--drain-timeout", "-inf"],
+        ["sweep", "-p", "interval=0.5,inf"],
+        ["bench", "--job-ms", "nan"],
+    ],
+)
+def test_nan_and_infinity_on_the_command_line_exit_2(args: list[str], tmp_path: Path) -> None:
+    # --server points nowhere: had anything started, the error would be exit 3, not 2
+    cp = crashbench(*args, "--server", "/nonexistent/redis-server", cwd=tmp_path)
+    assert cp.returncode == 2, cp.stderr + cp.stdout
+    assert "Traceback" not in cp.stderr and ("finite" in cp.stderr or "must be a number" in cp.stderr), cp.stderr
+
+
+def test_packaged_scenarios_are_found_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    shipped = scenario_files.packaged_dir()
+    assert shipped is not None and (shipped / "default.toml").is_file()
+    assert scenario.load("default").source == str(shipped / "default.toml")
+    assert "default" in {p.stem for p in scenario.available()}
+    # ./scenarios is looked up first: a project's own scenario of the same name wins
+    _write(tmp_path / "scenarios" / "default.toml", b'name = "mine"\n')
+    assert scenario.load("default").name == "mine"
+    assert [p for p in scenario.available() if p.stem == "default"] == [Path.cwd() / "scenarios" / "default.toml"]

@@ -1,0 +1,76 @@
+"""A plain (not editable) install finds its shipped scenarios from any directory.
+
+The editable install every other test runs under reads the checkout, so it cannot show what `pip
+install crashbench` ships: this builds the wheel, installs it into a fresh virtual environment (its
+dependencies from the package index) and runs the installed command where no ./scenarios exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)  # nothing of the checkout may leak into the installed command
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    cp = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)], cwd=out)
+    assert cp.returncode == 0, cp.stderr
+    (path,) = out.glob("crashbench-*.whl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin directory of a fresh virtual environment with the wheel installed the ordinary way."""
+    env_dir = tmp_path_factory.mktemp("venv")
+    venv.create(env_dir, with_pip=True)
+    cp = run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=env_dir, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    return env_dir / "bin"
+
+
+def test_the_wheel_ships_every_scenario_and_every_package(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {p.name for p in (ROOT / "scenarios").glob("*.toml")}
+    assert shipped and {f"crashbench/scenarios/{n}" for n in shipped} <= names
+    # pyproject.toml lists the packages (the scenarios need a mapping that find cannot make):
+    # a subpackage added to crashbench/ but not to that list would be missing from every install.
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "crashbench").rglob("__init__.py")}
+    assert on_disk <= set(listed), f"add {sorted(on_disk - set(listed))} to [tool.setuptools] packages"
+
+
+def test_installed_crashbench_runs_the_default_scenario_from_another_directory(installed: Path, tmp_path: Path) -> None:
+    assert not (tmp_path / "scenarios").exists()
+    crashbench = str(installed / "crashbench")
+    cp = run([crashbench, "list"], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert "default" in cp.stdout and "invalid" not in cp.stdout
+    # the scenarios listed come from the installed package, not from this checkout
+    assert str(ROOT / "scenarios") not in cp.stdout
+
+    out = tmp_path / "result.json"
+    cmd = [crashbench, "run", "--design", "naive", "--jobs", "200", "--kills", "1", "--plain", "--out", str(out)]
+    cp = run(cmd, cwd=tmp_path)
+    assert cp.returncode in (0, 1), cp.stderr + cp.stdout
+    data = json.loads(out.read_text())
+    assert data["scenario"]["name"] == "default"
+    assert "site-packages" in data["scenario"]["source"]
+    assert data["runs"][0]["counts"]["enqueued"] == 200
