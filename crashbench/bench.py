@@ -35,7 +35,8 @@ import psutil
 import redis
 
 from crashbench import workdirs
-from crashbench.bench_results import BenchResult, BenchSettings, Latency, Measurement, Memory, Point, Restart
+from crashbench.bench_memory import memory
+from crashbench.bench_results import BenchResult, BenchSettings, Latency, Measurement, Point, Restart
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted
 from crashbench.ledger import Ledger
@@ -338,33 +339,6 @@ def restarts(server: ServerInfo, spec: str, settings: BenchSettings, tag: str) -
         s.close()
 
 
-def memory(server: ServerInfo, jobs: int, tag: str) -> list[Memory]:
-    """MEMORY USAGE of a backlog of `jobs` jobs as a list (LPUSH) and as a stream (XADD), per job."""
-    client = redis.Redis.from_url(server.url, decode_responses=True)
-    prefix = f"crashbench:{tag}:memory:"
-    out = []
-    try:
-        for structure in ("list", "stream"):
-            key = prefix + structure
-            pipe = client.pipeline(transaction=False)
-            for i in range(jobs):
-                payload = json.dumps({"n": i})
-                if structure == "list":
-                    pipe.lpush(key, f"{i:07d}|{payload}")
-                else:
-                    pipe.xadd(key, {"job": f"{i:07d}", "payload": payload})
-                if i % 1000 == 999:
-                    _check_stop()
-                    pipe.execute()
-            pipe.execute()
-            used = int(client.memory_usage(key, samples=0) or 0)
-            out.append(Memory(structure, jobs, round(used / jobs, 2), round(used / jobs * 1e6 / 2**20, 1)))
-            client.delete(key)
-    finally:
-        client.close()
-    return out
-
-
 def summarize(measurements: Sequence[Measurement]) -> list[Point]:
     groups: dict[tuple[str, int], list[Measurement]] = {}
     for m in measurements:
@@ -424,7 +398,7 @@ def run_bench(
                 progress(f"{spec}: restarts")
                 restart.append(restarts(server, spec, settings, f"{run_id}:r-{safe_name(spec)}"))
             progress("memory per 1M queued jobs")
-            mem = memory(server, settings.memory_jobs, run_id) if settings.memory_jobs else []
+            mem = memory(server, settings.memory_jobs, run_id, _check_stop) if settings.memory_jobs else []
             env = environment(server, {})
         finally:
             if server.mode == "external":  # what an interruption left (the memory backlog), never others'
