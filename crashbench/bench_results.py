@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from crashbench.results import Environment, Stats
+from crashbench.results import Environment, Stats, slug
 
 BENCH_SCHEMA = "crashbench.bench"
 BENCH_SCHEMA_VERSION = 1
@@ -113,7 +113,7 @@ class BenchResult:
 
     def write(self, out: Path) -> Path:
         if out.suffix != ".json":
-            out = out / f"{self.id}-bench.json"
+            out = out / f"{slug(self.id)}-bench.json"  # a slug, as a crash result's name
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(self.to_json() + "\n")
         return out

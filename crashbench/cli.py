@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.table import Table
 from crashbench import __version__, cli_gate, export, store, thresholds
 from crashbench import scenario as scenarios
 from crashbench.designs import BUILTIN, load_design
-from crashbench.errors import CrashbenchError, UnexpectedError, UsageError
+from crashbench.errors import CrashbenchError, ExitCode, Interrupted, UnexpectedError, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
@@ -32,6 +33,8 @@ err = Console(stderr=True)
 
 
 def fail(exc: CrashbenchError) -> None:
+    # The exit code is decided: a Ctrl-C now must not turn it into a traceback or a death by SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Messages quote user input ("[expect.relable]"), which rich would take for markup and drop.
     err.print(f"[bold red]crashbench: error:[/] {escape(exc.message)}", highlight=False, markup=True)
     if exc.hint:
@@ -46,6 +49,8 @@ def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except CrashbenchError as exc:
             fail(exc)
+        except (KeyboardInterrupt, click.Abort):  # a second Ctrl-C: 130 as documented, not click's exit 1
+            fail(Interrupted("interrupted: every process started was stopped"))
         except Exception as exc:  # never a traceback with exit 1, which means a threshold was violated
             fail(UnexpectedError.from_exception(exc, f"crashbench {fn.__name__}"))
 
@@ -159,7 +164,7 @@ SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
     *WHERE_OPTIONS,
     click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
-    click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s, jobs_per_s>=-10% (with --baseline). Repeatable."),
+    click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s. Repeatable."),
     *OUTPUT_OPTIONS,
 ]  # fmt: skip
 
@@ -206,6 +211,8 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     if baseline is None and any(t.relative for t in given):
         raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
     export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])  # fail now, not after the run
+    if opts.get("out_path") is not None:
+        store.check_out(opts["out_path"])  # likewise: a long run's result must have somewhere to go
     return given
 
 
@@ -254,9 +261,9 @@ def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate
     if opts["as_json"]:
         click.echo(result.to_json())
     else:
-        out.print(result_table(result, plain=opts["plain"]))
-        if saved is not None:
-            out.print(f"[dim]result: {saved}[/]", highlight=False)
+        out.print(result_table(result, plain=opts["plain"]), crop=False)  # kept-workdir paths stay whole
+        if saved is not None:  # soft_wrap: a path is never cut or split, whatever the width
+            out.print(f"[dim]result: {escape(str(saved))}[/]", highlight=False, soft_wrap=True)
     try:
         export.write_exports(result, opts["junit"], opts["markdown"], opts["csv_path"], allow_unchecked=allow_unchecked)
     except OSError as exc:
@@ -322,15 +329,18 @@ def design_list(designs: str | None, sc: Scenario) -> list[str]:
 @session_options
 @reports_errors
 def sweep(design: str, param: str, **opts: Any) -> None:
-    """Run one design once per value of one setting (e.g. -p stale_after=0.5,1,2,4): counts and recovery
-    latency side by side, to pick a threshold from data rather than a guess."""
+    """Run one design once per value of one setting, side by side: counts and recovery latency for
+    -p stale_after=0.5,1,2,4, to pick a threshold from data rather than a guess."""
     name, sep, values = param.partition("=")
     if not sep:
         raise UsageError(f"--param {param!r}: write NAME=V1,V2,... such as stale_after=0.5,1,2")
     execute(opts, lambda sc, options: run_sweep(sc, design, name.strip(), values, options))
 
 
-BASELINE_HELP = "A saved result (file, id, id prefix or 'latest' in --dir) that relative thresholds compare with."
+BASELINE_HELP = (
+    "A saved result (file, id, id prefix or 'latest' in --dir) that relative thresholds compare with, "
+    "e.g. -t 'jobs_per_s>=-10%'."
+)
 
 
 @cli.command()
@@ -399,4 +409,14 @@ from crashbench import cli_bench, cli_clean, cli_store  # noqa: E402, F401
 
 
 def main() -> None:
-    cli()
+    # click's standalone mode turns Ctrl-C outside a command (while parsing, importing) into "Aborted!"
+    # and exit 1, which means a threshold was violated: every interruption exits 130 instead.
+    try:
+        code = cli.main(standalone_mode=False)  # --help and --version return 0 here
+    except (KeyboardInterrupt, click.Abort):
+        fail(Interrupted("interrupted"))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    # click's own exits (--help, --version) return 0; any other code it returns is a usage problem
+    sys.exit(int(ExitCode.USAGE if code else ExitCode.OK))

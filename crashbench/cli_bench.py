@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from crashbench import cli as base
+from crashbench import store
 from crashbench.bench import BenchSettings, run_bench
 from crashbench.errors import UsageError
 from crashbench.render import bench_tables
@@ -82,6 +84,7 @@ def bench(
     names = tuple(d.strip() for d in designs.split(",") if d.strip())
     if not names:
         raise UsageError("--designs is empty")
+    store.check_out(out_path)  # before the run, not after minutes of measuring
     settings = BenchSettings(
         names, int_list(workers_text, "--workers"), jobs, job_ms, repeat, batch_size=batch_size, memory_jobs=memory_jobs
     )
@@ -90,10 +93,13 @@ def bench(
         if base.err.is_terminal and not as_json
         else (lambda _: None)
     )
-    result = run_bench(settings, redis_url, server_binary, show)
-    path = result.write(out_path)
+    result = run_bench(settings, redis_url, server_binary, show)  # its own stop flag: Ctrl-C, SIGTERM -> 130
+    try:
+        path = result.write(out_path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the result to {out_path}: {exc.strerror}") from None
     if as_json:
         click.echo(result.to_json())
     else:
         base.out.print(bench_tables(result, plain=plain))
-        base.out.print(f"[dim]result: {path}[/]", highlight=False)
+        base.out.print(f"[dim]result: {escape(str(path))}[/]", highlight=False, soft_wrap=True)  # never cut or split

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from crashbench import cli as base
@@ -20,20 +21,31 @@ from crashbench.session import Options, replay_scenario, run_designs
 @base.STORE_DIR
 @click.option("--scenario", "-s", "scenario_name", metavar="NAME|FINGERPRINT", help="Only results of this scenario.")
 @click.option("--design", "-d", metavar="NAME", help="Only results with this design.")
+@click.option(
+    "--kind",
+    type=click.Choice(["all", "crash", "bench"]),
+    default="all",
+    show_default=True,
+    help="crash: results of run, compare, sweep, check, replay ('latest' is the newest of these); bench: of bench.",
+)
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=20, show_default=True)
 @base.reports_errors
-def results(store_dir: Path, scenario_name: str | None, design: str | None, limit: int) -> None:
-    """List saved results, newest first."""
-    found = store.entries(store_dir, scenario_name, design)
-    table = Table(title=f"results in {store_dir}/ ({len(found)})", title_justify="left")
-    for column in ("id", "kind", "scenario", "fingerprint", "designs", "repeat", "status", "commit"):
+def results(store_dir: Path, scenario_name: str | None, design: str | None, kind: str, limit: int) -> None:
+    """List saved results, newest first: crash results and bench results (kind 'bench')."""
+    found = store.entries(store_dir, scenario_name, design, kind)
+    table = Table()  # its title would wrap at the table's width, and it holds a path: printed below
+    # An id is what this list is for: never cut or wrapped, whatever the width (80 when not a terminal);
+    # the other columns wrap instead.
+    table.add_column("id", no_wrap=True, min_width=max((len(e.id) for e in found[:limit]), default=2))
+    table.add_column("kind", no_wrap=True, min_width=7)  # short, and what tells a bench result apart
+    for column in ("scenario", "fingerprint", "designs", "repeat", "status", "commit"):
         table.add_column(column)
     for e in found[:limit]:
         commit = (e.commit or "-")[:10] + (" (dirty)" if e.dirty else "")
         style = {"pass": "green", "fail": "red", "broken": "bold red"}.get(e.status, "yellow")
         table.add_row(
             e.id,
-            e.kind,
+            "[magenta]bench[/]" if e.kind == "bench" else e.kind,
             e.scenario,
             e.fingerprint,
             ", ".join(e.designs),
@@ -41,6 +53,7 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, limi
             f"[{style}]{e.status}[/]",
             commit,
         )
+    base.out.print(f"[i]results in {escape(str(store_dir))}/ ({len(found)})[/]", highlight=False, soft_wrap=True)
     base.out.print(table)
 
 
@@ -59,6 +72,7 @@ def show(ref: str, store_dir: Path, **opts: Any) -> None:
             f"[dim]{result.id} · {result.created} · {env.machine} ({env.cpus} cpus) · crashbench {env.crashbench} · "
             f"{env.server_name} {env.server_version} · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
             highlight=False,
+            soft_wrap=True,  # the id leads this line: never cut or wrapped
         )
     base.report(result, opts, saved=None)
 

@@ -152,7 +152,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
         for w in run.worker_exits:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
         if run.workdir:
-            parts.append(Text(f"{name}: ledgers and worker logs kept in {run.workdir}", style="dim"))
+            # A path to copy: never wrapped or cut (the caller prints with crop=False).
+            line = f"{name}: ledgers and worker logs kept in {run.workdir}"
+            parts.append(Text(line, style="dim", no_wrap=True, overflow="ignore"))
     parts.extend(threshold_line(t) for t in result.thresholds)
     parts.extend(coverage_line(name, text) for name, text in coverage(result).items())
     parts.extend(problem_lines(result))

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -260,8 +261,10 @@ class Result:
         return json.dumps(self.to_dict(), indent=2)
 
     def file_name(self) -> str:
-        names = "-".join(dict.fromkeys(r.design.replace(":", "_").replace(".", "_") for r in self.runs))[:60]
-        return f"{self.id}-{self.kind}-{self.scenario['name']}-{names}.json"
+        """Every part a slug: a scenario named "../../x" must not write outside --out, nor a long one
+        make a name the file system refuses."""
+        names = "-".join(dict.fromkeys(r.design.replace(":", "_").replace(".", "_") for r in self.runs))
+        return f"{slug(self.id)}-{slug(self.kind)}-{slug(str(self.scenario['name']))}-{slug(names, 60)}.json"
 
     def write(self, out: Path) -> Path:
         """Write to `out` (a .json file, or a directory to put it in under its own name)."""
@@ -289,6 +292,11 @@ def _finite(data: Any) -> Any:
     if isinstance(data, list):
         return [_finite(v) for v in data]
     return data
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A file-name part: only [A-Za-z0-9._-], no leading dot, at most `limit` characters."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).lstrip(".")[:limit] or "_"
 
 
 def new_id(run_id: str) -> str:

@@ -143,6 +143,8 @@ class CrashRun:
             self.raw.close()
             if not self.keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
+            else:  # marked, so that the next run's orphan sweep leaves it alone
+                workdirs.keep(self.dir)
 
     def _grace(self) -> float:
         # SIGTERM is a graceful stop: a worker first finishes the job it is in.
@@ -151,10 +153,13 @@ class CrashRun:
     def _execute(self) -> DesignRun:
         self.design.setup()
         ids = job_ids(self.sc.jobs)
-        jobs = [Job(j, f'{{"n": {int(j)}}}') for j in ids]
         if self.broker is None:
-            for start in range(0, len(jobs), 1000):
-                self.design.enqueue(jobs[start : start + 1000])
+            # Chunks built and sent one by one, the stop flag read between them: 10M jobs take over
+            # 30 s to build and send, and Ctrl-C must not wait for that.
+            for start in range(0, len(ids), 1000):
+                if self.stop.raised:
+                    raise Interrupted("interrupted while enqueueing: nothing left running")
+                self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
         self.t0 = self.clock()
         for slot in range(self.sc.workers):
             self.sup.spawn(slot)
@@ -162,7 +167,7 @@ class CrashRun:
 
         self.phase = "faults"
         if self.broker is not None:
-            self._broker_phase(jobs)
+            self._broker_phase([Job(j, f'{{"n": {int(j)}}}') for j in ids])
         for planned in plan_kills(self.sc):
             self.kills.append(self._inject(planned))
         faults_end = self.clock()

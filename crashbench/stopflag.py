@@ -9,13 +9,16 @@ from types import FrameType
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set a flag for the main loop; a second one interrupts at once."""
+    """SIGINT/SIGTERM set a flag for the main loop; a second one interrupts at once, and further ones
+    are ignored until the flag is uninstalled, so that they cannot cut short the cleanup it starts."""
 
     def __init__(self) -> None:
         self.raised = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.raised:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
             raise KeyboardInterrupt
         self.raised = True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def test_results_lists_and_show_renders_a_saved_result(store: Path, tmp_path: Pa
     assert rid not in cp.stdout
     cp = crashbench("show", rid[:17], "--dir", str(store), "--plain", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stderr
-    assert "2 repeats" in cp.stdout and "+--" in cp.stdout and "✓ reliable: lost == 0" in cp.stdout
+    # Whitespace folded: where a line breaks depends on the width and the measured figures.
+    text = " ".join(cp.stdout.split())
+    assert "2 repeats" in text and "+--" in text and "✓ reliable: lost == 0" in text
     assert_clean_error(crashbench("show", "nope", "--dir", str(store), tmp_path=tmp_path), 2, "no result 'nope'")
 
 
@@ -255,3 +258,40 @@ def test_check_a_threshold_for_a_design_not_in_the_saved_result_is_a_usage_error
     assert_clean_error(cp, ExitCode.USAGE, "relable: lost == 0", "designs: naive, reliable")
     typo = saved_result(tmp_path, [run("reliable")], expect={"relable": ["lost == 0"]})
     assert_clean_error(check_file(typo, tmp_path=tmp_path), ExitCode.USAGE, "[expect.relable]")
+
+
+def test_bench_results_share_the_store_without_taking_latest(store: Path, tmp_path: Path) -> None:
+    """A bench run after a crash run: `latest` is still the crash result for show, replay, check
+    --results and --baseline; `results` lists both, the bench one marked; a bench id is refused
+    with a clear message, not a parse error."""
+    mixed = tmp_path / "store"
+    mixed.mkdir()
+    for path in store.glob("*.json"):
+        shutil.copy(path, mixed)
+    crash_id = saved(store)["id"]
+    cp = crashbench("bench", "--designs", "naive", "--workers", "1", "--jobs", "200", "--repeat", "1",
+                    "--memory-jobs", "0", "--out", str(mixed), "--plain", tmp_path=tmp_path)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    (bench,) = mixed.glob("*-bench.json")
+    bench_id = json.loads(bench.read_text())["id"]
+    assert bench.name > f"{crash_id}" and bench_id != crash_id  # newer: it would have been `latest`
+    cp = crashbench("show", "latest", "--dir", str(mixed), "--plain", tmp_path=tmp_path)
+    assert cp.returncode == 0 and crash_id in cp.stdout, cp.stderr
+    cp = crashbench("check", "--results", "latest", "--baseline", "latest", "-t", "jobs_per_s>=-50%",
+                    "--allow-unchecked", "--dir", str(mixed), tmp_path=tmp_path)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr + cp.stdout
+    cp = crashbench("replay", "latest", "--run", "1", "--dir", str(mixed), "--out", str(tmp_path / "r"),
+                    tmp_path=tmp_path)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr + cp.stdout
+    # 80 columns, the width when output is not a terminal: every id whole, on one line.
+    cp = crashbench("results", "--dir", str(mixed), tmp_path=tmp_path, env={"COLUMNS": "80"})
+    assert cp.returncode == 0, cp.stderr
+    lines = [line.split() for line in cp.stdout.splitlines() if line.startswith(("│", "|"))]
+    rows = {cells[1]: " ".join(cells) for cells in lines if cells[1] not in ("│", "|")}  # not a wrapped cell
+    assert f"results in {mixed}/ (2)" in cp.stdout.splitlines()  # the store's path whole too
+    assert set(rows) == {crash_id, bench_id} and "bench" in rows[bench_id] and "bench" not in rows[crash_id]
+    cp = crashbench("results", "--kind", "bench", "--dir", str(mixed), tmp_path=tmp_path)
+    assert bench_id in cp.stdout and crash_id not in cp.stdout
+    cp = crashbench("results", "--kind", "crash", "--dir", str(mixed), tmp_path=tmp_path)
+    assert crash_id in cp.stdout and bench_id not in cp.stdout
+    assert_clean_error(crashbench("show", bench_id, "--dir", str(mixed), tmp_path=tmp_path), 2, "bench result")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench import workdirs
 from crashbench.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +185,55 @@ def test_sweep_runs_one_design_per_value_and_labels_the_columns(tmp_path: Path) 
     assert [r["variant"] for r in data["runs"]] == ["kills=0", "kills=2"]
     assert [r["counts"]["kills"] for r in data["runs"]] == [0, 2]
     assert data["runs"][1]["timings"]["recovery_ms_max"] is not None
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
+    # --server points nowhere: had the run started, the exit would be 3, not 2.
+    nowhere = ["--server", "/nonexistent/redis-server"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker / "results", blocker, tmp_path / "a-dir.json"):
+        (tmp_path / "a-dir.json").mkdir(exist_ok=True)
+        cp = crashbench("run", "--kills", "1", *nowhere, "--out", str(out), tmp_path=tmp_path)
+        assert_clean_error(cp, 2, "--out")
+    cp = crashbench("bench", *nowhere, "--out", str(blocker / "results"), tmp_path=tmp_path)
+    assert_clean_error(cp, 2, "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir.json", "a-file"]  # nothing made
+
+
+def test_a_scenario_name_cannot_write_outside_out_nor_make_a_name_too_long(tmp_path: Path) -> None:
+    sc = tmp_path / "evil.toml"
+    sc.write_text(f'name = "../../{"x" * 300}/y z"\n')
+    store = tmp_path / "store"
+    cp = crashbench("run", "-d", "naive", "-s", str(sc), *SMALL, "--kills", "0", "--out", str(store), tmp_path=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    (saved,) = [p for p in tmp_path.rglob("*.json")]
+    assert saved.parent == store and len(saved.name) < 120
+    assert set(saved.name) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def test_keep_marks_its_directory_so_no_later_sweep_removes_it_and_paths_print_whole(tmp_path: Path) -> None:
+    # 80 columns, as when output is not a terminal: a path longer than that is printed on one line.
+    out = tmp_path / ("a-store-with-a-long-name-" * 3)
+    cp = crashbench("run", "-d", "naive", *SMALL, "--kills", "1", "--keep", "--out", str(out), tmp_path=tmp_path,
+                    env={"COLUMNS": "80"})  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    (saved,) = out.glob("*.json")
+    workdir = Path(json.loads(saved.read_text())["runs"][0]["workdir"])
+    try:
+        lines = cp.stdout.splitlines()
+        assert f"result: {saved}" in lines
+        assert any(line.endswith(f"kept in {workdir}") for line in lines)
+        assert (workdir / "KEPT").is_file()
+        # crashbench has exited, so the directory's owner pid is gone: the sweep must leave it all the same
+        assert workdir not in workdirs.remove_orphans() and workdir.is_dir()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_help_shows_baseline_examples_only_where_baseline_is_accepted_and_whole_summaries(tmp_path: Path) -> None:
+    for command in ("run", "compare", "sweep"):
+        assert "baseline" not in crashbench(command, "--help", tmp_path=tmp_path).stdout
+    assert "jobs_per_s>=-10%" in crashbench("check", "--help", tmp_path=tmp_path).stdout.replace("\n", " ")
+    listing = crashbench("--help", tmp_path=tmp_path).stdout
+    assert "(e.g" not in listing
