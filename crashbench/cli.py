@@ -19,7 +19,7 @@ from rich.table import Table
 from crashbench import __version__, cli_gate, export, store, thresholds
 from crashbench import scenario as scenarios
 from crashbench.designs import BUILTIN, load_design
-from crashbench.errors import CrashbenchError, ExitCode, Interrupted, UnexpectedError, UsageError
+from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
 from crashbench.render import progress_line, result_table
 from crashbench.results import Result
 from crashbench.runner import Progress, StopFlag
@@ -409,14 +409,4 @@ from crashbench import cli_bench, cli_clean, cli_store  # noqa: E402, F401
 
 
 def main() -> None:
-    # click's standalone mode turns Ctrl-C outside a command (while parsing, importing) into "Aborted!"
-    # and exit 1, which means a threshold was violated: every interruption exits 130 instead.
-    try:
-        code = cli.main(standalone_mode=False)  # --help and --version return 0 here
-    except (KeyboardInterrupt, click.Abort):
-        fail(Interrupted("interrupted"))
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(int(ExitCode.USAGE))
-    # click's own exits (--help, --version) return 0; any other code it returns is a usage problem
-    sys.exit(int(ExitCode.USAGE if code else ExitCode.OK))
+    sys.exit(int(cli_gate.run_cli(cli, fail)))

@@ -7,10 +7,13 @@ from "crashbench could not tell".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import click
 from rich.console import Console
 from rich.markup import escape
 
-from crashbench.errors import ExitCode
+from crashbench.errors import CrashbenchError, ExitCode, Interrupted
 from crashbench.results import Result
 from crashbench.results import label as label_of
 from crashbench.thresholds import unchecked
@@ -52,3 +55,19 @@ def explain(result: Result, err: Console, allow_unchecked: bool) -> None:
         err.print(f"[bold red]crashbench: no verdict:[/] no threshold applied to {escape(names)}", highlight=False)
         hint = "add [expect.DESIGN] to the scenario or -t 'DESIGN: METRIC OP VALUE', or give --allow-unchecked"
         err.print("[dim]hint:[/] " + escape(hint), highlight=False)
+
+
+def run_cli(group: click.Group, fail: Callable[[CrashbenchError], None]) -> ExitCode:
+    """Run the command line and return its exit code (commands exit themselves, through `fail` or
+    the gate). click's standalone mode would turn Ctrl-C outside a command (while parsing, importing)
+    into "Aborted!" and exit 1, which means a threshold was violated: every interruption is 130."""
+    try:
+        code = group.main(standalone_mode=False)  # --help and --version return 0 here
+    except (KeyboardInterrupt, click.Abort):
+        fail(Interrupted("interrupted"))
+        return ExitCode.INTERRUPTED  # not reached: fail exits
+    except click.ClickException as exc:
+        exc.show()
+        return ExitCode.USAGE
+    # click's own exits (--help, --version) return 0; any other code it returns is a usage problem
+    return ExitCode.USAGE if code else ExitCode.OK

@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import psutil
 import pytest
 
-from crashbench import errors
+from crashbench import cli_gate, errors
 from crashbench.cli_gate import EXIT_FOR_STATUS
 from crashbench.errors import ExitCode
 from tests.test_cli import SMALL, assert_clean_error, crashbench
@@ -30,7 +31,7 @@ SOURCE = ROOT / "crashbench"
 ALLOWED_EXITS = {
     ("cli.py", "fail"): "a CrashbenchError's exit_code (an ExitCode)",
     ("cli.py", "report"): "cli_gate.exit_code: an ExitCode from the result's status",
-    ("cli.py", "main"): "ExitCode.USAGE / ExitCode.OK around click's own exits",
+    ("cli.py", "main"): "cli_gate.run_cli: an ExitCode around click's own exits",
     ("supervisor.py", "spawn"): "a forked worker child ends with os._exit, never returning into the runner",
     ("supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
     ("reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
@@ -71,8 +72,10 @@ def test_every_exit_in_the_source_is_an_allowed_one_and_the_cli_s_take_an_exit_c
             assert where in ALLOWED_EXITS, f"{path.name}: {function} calls {called}({args}): not a documented exit"
             seen.add(where)
             if path.name == "cli.py":
-                assert "ExitCode" in args or "exit_code" in args, f"cli.py {function}: {called}({args})"
+                assert any(k in args for k in ("ExitCode", "exit_code", "run_cli")), f"cli.py {function}: {args}"
     assert {w for w in ALLOWED_EXITS if w[0] == "cli.py"} <= seen  # the CLI's are where this test looks
+    for fn in (cli_gate.exit_code, cli_gate.run_cli):  # the two that compute a CLI exit
+        assert typing.get_type_hints(fn)["return"] is ExitCode
 
 
 def test_every_error_and_status_maps_to_an_exit_code() -> None:
