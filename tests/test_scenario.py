@@ -237,3 +237,13 @@ def test_packaged_scenarios_are_found_from_another_directory(tmp_path: Path, mon
     _write(tmp_path / "scenarios" / "default.toml", b'name = "mine"\n')
     assert scenario.load("default").name == "mine"
     assert [p for p in scenario.available() if p.stem == "default"] == [Path.cwd() / "scenarios" / "default.toml"]
+
+
+def test_square_brackets_in_an_error_are_printed_as_written(tmp_path: Path) -> None:
+    """User text in a message is not rich markup: "[workload] must be a table" keeps its brackets, in
+    a scenario's problems and in a threshold's error alike."""
+    bad = _write(tmp_path / "bad.toml", b"workload = 3\n")
+    cp = crashbench("run", "--scenario", str(bad), cwd=tmp_path)
+    assert cp.returncode == 2 and "[workload] must be a table" in cp.stderr, cp.stderr
+    cp = crashbench("run", "-t", "[x]: lost=0", cwd=tmp_path)
+    assert cp.returncode == 2 and "[x]" in cp.stderr, cp.stderr
