@@ -166,10 +166,13 @@ class Supervisor:
         # List the tree before signalling: once the worker dies its children are re-parented and can
         # no longer be found from it.
         below = self._family(w)[1:] if self.tree and whole_tree else []
-        os.kill(w.pid, sig)
-        for p in below:
+        # Leaves first: a child whose parent dies first has its process group orphaned, and the kernel
+        # sends a stopped one SIGHUP and SIGCONT. Where SIGHUP is ignored (nohup, a CI runner) a frozen
+        # RQ work horse would wake and finish the job it was meant to die in before its own signal came.
+        for p in reversed(below):
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(sig)
+        os.kill(w.pid, sig)
         return below
 
     def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
