@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -46,10 +47,13 @@ def tagged(tag: str) -> set[psutil.Process]:
     return found
 
 
-def start_long_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
-    """A long compare, once its server and 4 workers run; and every process of it seen so far."""
+def start_tagged(
+    args: list[str], tag: str, started: Callable[[subprocess.Popen[str], set[psutil.Process]], bool], timeout: float
+) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
+    """crashbench with `args`, its processes tagged with `tag`; returns once `started(proc, family)`,
+    with every process of it seen so far."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crashbench", "compare", "--jobs", "20000", "--interval", "0.2", "--out", str(tmp_path)],
+        [sys.executable, "-m", "crashbench", *args],
         cwd=ROOT,
         env={**os.environ, "CRASHBENCH_TEST_TAG": tag},
         stdout=subprocess.PIPE,
@@ -57,18 +61,24 @@ def start_long_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout
         while True:
             family = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
-            if len(family) >= 6:  # crashbench + server + 4 workers
+            if started(proc, family):
                 return proc, family
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never started its workers"
+            assert time.monotonic() < deadline, f"crashbench {' '.join(args)} never got going"
             time.sleep(0.05)
     except BaseException:
         proc.kill()
         proc.communicate()
         raise
+
+
+def start_long_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
+    """A long compare, once its server and 4 workers run; and every process of it seen so far."""
+    args = ["compare", "--jobs", "20000", "--interval", "0.2", "--out", str(tmp_path)]
+    return start_tagged(args, tag, lambda proc, family: len(family) >= 6, 20)  # crashbench + server + 4 workers
 
 
 def wait_until_gone(tag: str, seen: set[psutil.Process], timeout: float = 5.0) -> list[str]:
@@ -109,30 +119,14 @@ def test_sigkill_of_crashbench_takes_its_workers_and_server_with_it(tmp_path: Pa
 def start_rq_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
     """An RQ run whose work horses (RQ forks one per job, and it calls setpgrp) are inside 20 s jobs;
     returns once at least one horse runs, with every process of the run seen so far."""
-    argv = [sys.executable, "-m", "crashbench", "run", "-d", "rq", "--jobs", "50", "--job-ms", "20000"]
-    proc = subprocess.Popen(
-        [*argv, "--workers", "2", "--kills", "0", "--out", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "CRASHBENCH_TEST_TAG": tag},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            family = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
-            workers = {p.pid for p in family if p.ppid() == proc.pid and os.getsid(p.pid) == p.pid}
-            horses = [p for p in family if running(p) and p.ppid() in workers]
-            if any(os.getpgid(h.pid) != os.getsid(h.pid) for h in horses):
-                return proc, family  # a horse that has left its worker's process group
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no work horse ever started"
-            time.sleep(0.05)
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
+
+    def horse_out_of_its_group(proc: subprocess.Popen[str], family: set[psutil.Process]) -> bool:
+        workers = {p.pid for p in family if p.ppid() == proc.pid and os.getsid(p.pid) == p.pid}
+        horses = [p for p in family if running(p) and p.ppid() in workers]
+        return any(os.getpgid(h.pid) != os.getsid(h.pid) for h in horses)
+
+    args = ["run", "-d", "rq", "--jobs", "50", "--job-ms", "20000", "--workers", "2", "--kills", "0"]
+    return start_tagged([*args, "--out", str(tmp_path)], tag, horse_out_of_its_group, 60)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
