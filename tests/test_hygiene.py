@@ -167,21 +167,13 @@ def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
     client = redis.Redis.from_url(valkey_url)
     before = set(client.scan_iter(match="crashbench:*"))
     argv = ["bench", "--designs", "naive", "--workers", "2", "--jobs", "400000", "--repeat", "1"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crashbench", *argv, "--redis-url", valkey_url, "--out", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "CRASHBENCH_TEST_TAG": tag},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, seen = start_tagged(
+        [*argv, "--redis-url", valkey_url, "--out", str(tmp_path)],
+        tag,
+        lambda proc, family: len(psutil.Process(proc.pid).children()) >= 2,  # its workers (and watchdog) run
+        30,
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(psutil.Process(proc.pid).children()) < 2:  # its workers (and watchdog) run
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "bench never started its workers"
-            time.sleep(0.05)
-        seen = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
