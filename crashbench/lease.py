@@ -2,7 +2,7 @@
 pushing back, and a key that says the run is alive.
 
 A SIGKILLed crashbench cannot delete its keys, and on a server it did not start nobody else will.
-So while a run lives, the runner's main loop calls `tick`, which
+So while a run on such a server lives, the runner owns a `Lease` and its main loop calls `tick`, which
 - sets `crashbench:<run-id>:alive` (who and since when) with a TTL of ALIVE_TTL_S, every ALIVE_EVERY_S;
 - every PASS_EVERY_S, SCANs the run's namespace `crashbench:<run-id>:` and gives each key an expiry
   of KEY_TTL_S, pushed back on each pass. A pass goes one SCAN batch per tick, so a tick stays cheap
@@ -11,7 +11,7 @@ A key that carries an expiry of its own, shorter than half of ours (a heartbeat 
 that expiry is the design's business. The normal end still deletes every key (the session does);
 `--keep` keeps them without an expiry, and the alive key still says when the run is gone.
 `crashbench clean` (crashbench.cli_clean) lists namespaces and removes those whose run is gone.
-A server crashbench started itself (PRIVATE) dies with it: nothing to do there.
+A server crashbench started itself dies with it: the session gives its runs no lease.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ PASS_EVERY_S = 30.0  # far below KEY_TTL_S: a slow pass never lets a living run'
 ALIVE_TTL_S = 120  # longer than any pause between ticks (counting a run, enqueueing the next one)
 ALIVE_EVERY_S = 10.0
 BATCH = 500  # keys per SCAN call, so one tick's work is bounded
-
-PRIVATE: set[str] = set()  # URLs of the servers this process started (crashbench.server)
 
 # Per key: (re)set our expiry unless the key has a shorter one of its own; one round trip per batch.
 _EXPIRE = """
@@ -72,6 +70,12 @@ class Lease:
         self.next_alive = 0.0
 
     def tick(self, now: float) -> None:
+        """One bounded step; a server that is gone is noticed by the run's own commands, and the
+        lease tries again on the next tick."""
+        with contextlib.suppress(redis.RedisError, OSError):
+            self._step(now)
+
+    def _step(self, now: float) -> None:
         if now >= self.next_alive:
             self.client.set(alive_key(self.ns), self.owner, ex=ALIVE_TTL_S)
             self.next_alive = now + ALIVE_EVERY_S
@@ -90,26 +94,6 @@ class Lease:
 
     def close(self) -> None:
         self.client.close()
-
-
-_leases: dict[tuple[str, str], Lease] = {}
-
-
-def tick(url: str, prefix: str, now: float, keep: bool = False) -> None:
-    """The runner's call from its main loop: keep the run of key prefix `prefix` alive on `url`."""
-    if url in PRIVATE:
-        return
-    ns = namespace(prefix)
-    lease = _leases.get((url, ns))
-    if lease is None:
-        # Runs are sequential in a process: a new namespace means the previous run has ended.
-        for old in _leases.values():
-            old.close()
-        _leases.clear()
-        lease = _leases[(url, ns)] = Lease(url, ns, expire=not keep)
-    # The run's own commands notice a server that is gone; the lease tries again on the next tick.
-    with contextlib.suppress(redis.RedisError, OSError):
-        lease.tick(now)
 
 
 # -- crashbench clean ------------------------------------------------------------------------------

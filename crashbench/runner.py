@@ -48,6 +48,11 @@ class Progress:
     elapsed: float
 
 
+def _jobs(ids: list[str]) -> list[Job]:
+    """The run's jobs for these ids; the payload carries the job's number."""
+    return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
+
+
 class CrashRun:
     STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
@@ -68,6 +73,7 @@ class CrashRun:
         worker_python: WorkerPython | None = None,
         repeat: int = 0,
         broker: Broker | None = None,
+        external: bool = False,  # a server crashbench did not start: the run's keys get a lease
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
@@ -85,6 +91,7 @@ class CrashRun:
         (self.dir / "ledger").mkdir()
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
         self.raw = inspector.raw_client(redis_url)  # the inspector's own connection, never the design's
+        self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
         self.ledger = Ledger(self.dir / "ledger")
@@ -141,6 +148,8 @@ class CrashRun:
             self.ledger.close()
             self.client.close()
             self.raw.close()
+            if self.lease is not None:
+                self.lease.close()
             if not self.keep_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
             else:  # marked, so that the next run's orphan sweep leaves it alone
@@ -159,7 +168,7 @@ class CrashRun:
             for start in range(0, len(ids), 1000):
                 if self.stop.raised:
                     raise Interrupted("interrupted while enqueueing: nothing left running")
-                self.design.enqueue([Job(j, f'{{"n": {int(j)}}}') for j in ids[start : start + 1000]])
+                self.design.enqueue(_jobs(ids[start : start + 1000]))
         self.t0 = self.clock()
         for slot in range(self.sc.workers):
             self.sup.spawn(slot)
@@ -167,7 +176,7 @@ class CrashRun:
 
         self.phase = "faults"
         if self.broker is not None:
-            self._broker_phase([Job(j, f'{{"n": {int(j)}}}') for j in ids])
+            self._broker_phase(_jobs(ids))
         for planned in plan_kills(self.sc):
             self.kills.append(self._inject(planned))
         faults_end = self.clock()
@@ -198,7 +207,8 @@ class CrashRun:
         if now >= self._next_recover and self.phase != "starting":
             self._tolerant(lambda: self.design.recover(now), None)
             self._next_recover = now + self.sc.recover_every
-        lease.tick(self.url, self.prefix, now, keep=self.keep_dir)  # keys' safety expiry (crashbench.lease)
+        if self.lease is not None:
+            self.lease.tick(now)  # the keys' safety expiry (crashbench.lease)
         self._report()
 
     def _report(self, force: bool = False) -> None:

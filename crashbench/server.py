@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from crashbench import lease, workdirs
+from crashbench import workdirs
 from crashbench.errors import ServerUnavailable
 from crashbench.reaper import become_subreaper, die_with_parent, end_sessions
 from crashbench.redact import redact_text, redact_url
@@ -155,7 +155,6 @@ class EmbeddedServer:
             log = self.dir / "server.log"
             self.proc = self._popen(self._args(log))
             if self._wait_ready(timeout):
-                lease.PRIVATE.add(self.url)  # it dies with crashbench: its keys need no expiry
                 return
             last_log = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             self.stop_process()
@@ -197,7 +196,6 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         self.stop_process()
-        lease.PRIVATE.discard(self.url)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

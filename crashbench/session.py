@@ -175,7 +175,7 @@ def _run_on_server(
                             scenario.with_overrides(seed=scenario.seed + repeat), spec, url, run_id,
                             progress=options.progress, stop=options.stop, keep_dir=options.keep,
                             index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
-                            repeat=repeat, broker=broker,
+                            repeat=repeat, broker=broker, external=server.mode == "external" and broker is None,
                         )  # fmt: skip
                         runs.append(crash.execute())
         except redis.ConnectionError as exc:

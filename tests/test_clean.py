@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -12,20 +13,32 @@ from click.testing import CliRunner
 from crashbench import lease
 from crashbench.cli import cli
 from crashbench.errors import ExitCode
+from crashbench.scenario import Scenario
+from crashbench.session import Options, run_designs
 
 
 @pytest.fixture
-def external(valkey_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def external(valkey_url: str) -> str:
     """The session's server, treated as one crashbench did not start (as with --redis-url)."""
-    monkeypatch.setattr(lease, "PRIVATE", set())
-    yield valkey_url
-    for old in lease._leases.values():
-        old.close()
-    lease._leases.clear()
+    return valkey_url
+
+
+@pytest.fixture
+def lease_of(external: str) -> Iterator[Callable[..., lease.Lease]]:
+    """The lease a runner on `external` would own for a key prefix (as CrashRun does); closed after."""
+    made: list[lease.Lease] = []
+
+    def make(prefix: str, keep: bool = False) -> lease.Lease:
+        made.append(lease.Lease(external, lease.namespace(prefix), expire=not keep))
+        return made[-1]
+
+    yield make
+    for held in made:
+        held.close()
 
 
 def test_clean_removes_a_dead_runs_keys_keeps_a_live_one_and_never_touches_others(
-    client: redis.Redis, external: str
+    client: redis.Redis, external: str, lease_of: Callable[..., lease.Lease]
 ) -> None:
     foreign = {"app:queue": "1", "crashbench:config": "2", "crashbench:not-a-run:x": "3"}
     for key, value in foreign.items():
@@ -34,7 +47,7 @@ def test_clean_removes_a_dead_runs_keys_keeps_a_live_one_and_never_touches_other
     live = [f"crashbench:0a1b2c3d:0-stream:{n}" for n in ("jobs", "delayed")]
     for key in dead + live:
         client.rpush(key, "x")
-    lease.tick(external, "crashbench:0a1b2c3d:0-stream:", time.monotonic())  # what a living runner does
+    lease_of("crashbench:0a1b2c3d:0-stream:").tick(time.monotonic())  # what a living runner does
     try:
         runner = CliRunner()
         listed = runner.invoke(cli, ["clean", "--redis-url", external, "--grace", "0"])
@@ -74,7 +87,7 @@ def test_clean_without_a_server_exits_3_and_without_a_url_2() -> None:
 
 
 def test_the_lease_gives_a_runs_keys_an_expiry_and_leaves_a_designs_own_short_one(
-    client: redis.Redis, external: str
+    client: redis.Redis, lease_of: Callable[..., lease.Lease]
 ) -> None:
     ns = "crashbench:c0ffee00:"
     keys = [f"{ns}0-reliable:k{i}" for i in range(1200)]  # more than one SCAN batch
@@ -84,16 +97,18 @@ def test_the_lease_gives_a_runs_keys_an_expiry_and_leaves_a_designs_own_short_on
     pipe.set(f"{ns}0-reliable:heartbeat", "1", ex=5)  # the design's own expiry
     pipe.execute()
     try:
+        running = lease_of(ns + "0-reliable:")
         for step in range(50):  # one SCAN batch per tick: a pass takes several ticks
-            lease.tick(external, ns + "0-reliable:", float(step))
+            running.tick(float(step))
         ttls = [client.ttl(k) for k in keys]
         assert min(ttls) > lease.KEY_TTL_S - 60 and max(ttls) <= lease.KEY_TTL_S
         assert client.ttl(f"{ns}0-reliable:heartbeat") <= 5
         assert 0 < client.ttl(lease.alive_key(ns)) <= lease.ALIVE_TTL_S
         # A run with --keep: its keys stay without an expiry; it is alive all the same.
-        lease.tick(external, "crashbench:c0ffee01:0-naive:", 0.0, keep=True)
+        kept = lease_of("crashbench:c0ffee01:0-naive:", keep=True)
+        kept.tick(0.0)
         client.set("crashbench:c0ffee01:0-naive:p", "1")
-        lease.tick(external, "crashbench:c0ffee01:0-naive:", 100.0, keep=True)
+        kept.tick(100.0)
         assert client.ttl("crashbench:c0ffee01:0-naive:p") == -1
         assert client.exists(lease.alive_key("crashbench:c0ffee01:"))
     finally:
@@ -101,3 +116,17 @@ def test_the_lease_gives_a_runs_keys_an_expiry_and_leaves_a_designs_own_short_on
             stale = list(client.scan_iter(match=pattern))
             if stale:
                 client.delete(*stale)
+
+
+def test_a_run_on_a_server_crashbench_did_not_start_holds_a_lease(client: redis.Redis, external: str) -> None:
+    """The session gives a run on --redis-url its lease: with --keep its keys stay, the alive key too."""
+    sc = Scenario(name="lease", jobs=50, job_ms=1, workers=1, kills=0, drain_timeout=5)
+    run = run_designs(sc, ["naive"], Options(redis_url=external, keep=True)).runs[0]
+    ns = lease.namespace(run.prefix)
+    try:
+        assert 0 < client.ttl(lease.alive_key(ns)) <= lease.ALIVE_TTL_S
+    finally:
+        for key in client.scan_iter(match=ns + "*"):
+            client.delete(key)
+        if run.workdir:
+            shutil.rmtree(run.workdir)
