@@ -62,9 +62,6 @@ class Counts:
     held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed
     acked_during_lag: int = 0  # enqueues the primary acknowledged after its replica stopped following, never completed
 
-    def outcome_total(self) -> int:
-        return self.done + self.dead_lettered + self.stranded + self.failed + self.lost + self.unconfirmed
-
 
 @dataclass(frozen=True, slots=True)
 class Problem:

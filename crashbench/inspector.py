@@ -65,9 +65,6 @@ class Snapshot:
     keys: dict[str, StoredKey]
     taken_s: float = 0.0  # how long reading took, for the run's cost
 
-    def names(self) -> set[str]:
-        return set(self.keys)
-
 
 def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
     """Every key matching `patterns` (SCAN MATCH), read in full. `client` must not decode responses."""
