@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# arq pins redis-py < 6: its workers run under their own interpreter (--worker-python), in this venv.
+# arq pins redis-py < 6 and saq < 8: their workers run under their own interpreter (--worker-python), in this venv.
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-$(ARQ_STAMP): | $(STAMP)
+$(ARQ_STAMP): Makefile | $(STAMP)
 	$(PY) -m venv $(VENV)/arq
-	$(ARQ_PY) -m pip install -q 'arq>=0.26,<0.29'
+	$(ARQ_PY) -m pip install -q 'arq>=0.26,<0.29' 'saq[redis]>=0.26,<0.27'
 	touch $(ARQ_STAMP)
 
 compare: $(STAMP)  ## crashbench compare on the default scenario, embedded server

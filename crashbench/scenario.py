@@ -5,7 +5,7 @@
     [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
     [faults]    kills, interval, signal, kill_when, seed, pause
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
-                batch_size
+                batch_size, concurrency
     [run]       drain_timeout, designs
     [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
@@ -50,7 +50,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "transient_failures"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
-              "heartbeat_every", "batch_size"),
+              "heartbeat_every", "batch_size", "concurrency"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
@@ -100,7 +100,7 @@ NUMBERS: dict[str, Bound] = {
     "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
     "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
-    "batch_size": POSITIVE_INT,
+    "batch_size": POSITIVE_INT, "concurrency": COUNT,
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
@@ -148,6 +148,7 @@ class Scenario:
     retry_jitter: float = 0.25
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     batch_size: int = 10  # jobs per round trip, for the batching designs
+    concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
     # broker: faults of the server itself (crashbench.broker); only on a server crashbench started
     fault: str = "none"
     fault_at: float = 1.0  # seconds after the workers start
@@ -176,6 +177,8 @@ class Scenario:
             retry_jitter=self.retry_jitter,
             heartbeat_every=self.heartbeat_every,
             batch_size=self.batch_size,
+            concurrency=self.concurrency,
+            longest_job=self.longest_job_s,
             wait_replicas=self.wait_replicas,
             wait_ms=self.wait_ms,
         )
@@ -193,9 +196,10 @@ class Scenario:
 
     @property
     def longest_job_s(self) -> float:
+        """The longest a handler of this workload can run: the bound the library timeouts are sized by."""
         if self.job_dist == "longtail":
             return (self.job_ms_max or 100 * self.job_ms) / 1000
-        return self.job_ms * 1.5 / 1000
+        return self.job_ms * (1.5 if self.job_dist == "uniform" else 1.0) / 1000
 
     @property
     def signum(self) -> int:

@@ -72,6 +72,8 @@ class DesignSettings:
     retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
     batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
+    concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
+    longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
     wait_ms: int = 100
     # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
@@ -106,13 +108,16 @@ class Located:
     dead: dict[str, list[str]] = field(default_factory=dict)  # job -> the dead-letter places it sits in
     delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
     failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
+    succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
-        """kind: "held", "delayed" (held, waiting for its due time), "dead" or "failed"."""
+        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""
         if kind == "dead":
             self.dead.setdefault(job, []).append(where)
         elif kind == "failed":
             self.failed.add(job)
+        elif kind == "succeeded":
+            self.succeeded.add(job)
         else:
             self.held.setdefault(job, []).append(where)
             if kind == "delayed":
@@ -275,11 +280,46 @@ class Design(ABC):
         return found
 
 
+# A reliable library configuration sizes its visibility / job timeout to the workload, as the libraries'
+# documentation asks: above the longest job, with room for a slow machine.
+TIMEOUT_HEADROOM = 2.0
+TIMEOUT_PAD = 1.0  # seconds
+
+
 class LibraryDesign(Design):
     """Base of the queue-library adapters: the library's own worker takes and acknowledges the jobs
     (`serve`), so crashbench's fetch / ack are never called."""
 
     own_worker = True
+    # Handlers one worker process runs at once as the library ships (threads, tasks, pool processes).
+    DEFAULT_CONCURRENCY: ClassVar[int] = 1
+
+    def concurrency(self) -> int:
+        """How many handlers one worker runs at once: queue.concurrency, else the library's default. The
+        library's own option in [library."<design>"] (worker_threads, max_jobs, ...) wins over both."""
+        return self.settings.concurrency or self.DEFAULT_CONCURRENCY
+
+    def job_timeout(self) -> float:
+        """The visibility / job timeout a reliable configuration uses: stale_after, raised above the
+        workload's longest job (TIMEOUT_HEADROOM x longest + TIMEOUT_PAD) so no healthy job is re-run or
+        cancelled."""
+        return max(self.settings.stale_after, TIMEOUT_HEADROOM * self.settings.longest_job + TIMEOUT_PAD)
+
+    def configuration(self) -> dict[str, Any]:
+        """The settings in effect that decide recovery (timeouts, concurrency), shown with the result."""
+        return {}
+
+    def config_warnings(self) -> list[str]:
+        """Settings that would make the library re-run or cancel a healthy job of this workload (a
+        timeout below the longest job), said before the run starts."""
+        return []
+
+    def library_timeout_warning(self, what: str, seconds: float, effect: str) -> list[str]:
+        """A warning when a library timeout `what` of `seconds` is not above the longest job."""
+        longest = self.settings.longest_job
+        if seconds > longest:
+            return []
+        return [f"{self.name}: {what} {seconds:g} s is not above the longest job ({longest:g} s): {effect}"]
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         raise NotImplementedError(f"{self.name}: the library's worker fetches its own jobs")
@@ -310,11 +350,17 @@ BUILTIN: dict[str, str] = {
     "huey": "crashbench.designs.hueylib:HueyQueue",
     "arq": "crashbench.designs.arqlib:ArqQueue",
     "arq:reliable": "crashbench.designs.arqlib:ArqReliable",
+    "taskiq": "crashbench.designs.taskiqlib:TaskiqList",
+    "taskiq:stream": "crashbench.designs.taskiqlib:TaskiqStream",
+    "taskiq:reliable": "crashbench.designs.taskiqlib:TaskiqReliable",
+    "saq": "crashbench.designs.saqlib:SaqQueue",
+    "saq:reliable": "crashbench.designs.saqlib:SaqReliable",
 }
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",
     "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey",
+    "taskiq": "taskiq", "taskiq:stream": "taskiq", "taskiq:reliable": "taskiq",
 }  # fmt: skip
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
