@@ -34,8 +34,10 @@ bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the 
 	$(BIN)/crashbench bench
 	$(BIN)/python bench/compare_vs_lesson.py
 
-scenarios: $(STAMP)  ## every shipped scenario, as shipped, against its own exact expectations
-	set -e; for s in scenarios/*.toml; do $(BIN)/crashbench check --scenario $$s --plain; done
+scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario, as shipped, against its own exact expectations
+	set -e; for s in scenarios/*.toml; do \
+	  case $$s in *-worker-python.toml) wp="--worker-python $(ARQ_PY)";; *) wp="";; esac; \
+	  $(BIN)/crashbench check --scenario $$s --plain $$wp; done
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py results/readme/saboteurs

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from crashbench import __version__, cli_gate, export, store, thresholds
 from crashbench import scenario as scenarios
@@ -235,9 +236,12 @@ def execute(
         if live is not None:
             live.update(progress_line(p), refresh=True)
 
+    def warn(text: str) -> None:  # before the run it concerns; printed above the live line
+        err.print(Text(f"warning: {text}", style="yellow"), soft_wrap=True)
+
     stop = StopFlag()
     options = Options(
-        opts["redis_url"], opts["server_binary"], opts["keep"], show, stop, opts["worker_python"],
+        opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, opts["worker_python"],
         repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
     )  # fmt: skip
     with stop.installed():

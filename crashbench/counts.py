@@ -2,8 +2,9 @@
 is: crashbench.inspector, through the design's `locate`) and the list of enqueued ids. Each outcome
 class needs positive evidence of its own, decided per job in this order, so each enqueued job is in
 exactly one: done (an end record), dead-lettered (found in a dead-letter key), stranded (found
-anywhere else), failed (found nowhere, and its last execution raised in a design that drops failed
-jobs, or the library recorded it failed), then lost (found nowhere, its enqueue acknowledged) or
+anywhere else; undrained instead when the drain was cut off while the queue still made progress),
+failed (found nowhere, and its last execution raised in a design that drops failed jobs, or the
+library recorded it failed), then lost (found nowhere, its enqueue acknowledged) or
 unconfirmed (its enqueue errored). Everything else counts events, not jobs. The design's own
 `state()` decides nothing here; crashbench.evidence checks it against the same reading.
 """
@@ -56,6 +57,9 @@ class Counts:
 
     # the CI gate's own counts: 0 unless something went wrong that nobody injected
     undrained: int = 0  # jobs still held when the drain gave up (at least 1 when it did); 0 drained
+    # jobs the library and the ledger disagree on: it recorded a failure (or timeout) of a job whose
+    # handler completed, or a success of a job whose handler never completed
+    library_disagrees: int = 0
     worker_crashes: int = 0  # workers that exited although no fault was aimed at them
     unrecovered: int = 0  # jobs a fault interrupted (mid-job) that never started again
     # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
@@ -102,20 +106,30 @@ def classify(
     located: Located,
     drops_failed: bool,
     indeterminate: Collection[str] = (),
+    cut_off: bool = False,
 ) -> dict[str, set[str]]:
     """Each enqueued id in exactly one outcome class, by precedence (see the module's docstring).
-    `last_raised`: ids whose last execution raised."""
+    `last_raised`: ids whose last execution raised. `cut_off`: the drain hit its bound while the
+    queue still made progress, so what it holds is a backlog (undrained), not stranded."""
     ids = set(enqueued)
     done = {j for j in ids if completed[j] > 0}
     dead = (set(located.dead) & ids) - done
-    stranded = (set(located.held) & ids) - done - dead
-    gone = ids - done - dead - stranded
+    held = (set(located.held) & ids) - done - dead
+    gone = ids - done - dead - held
     failed = gone & (located.failed | (last_raised if drops_failed else set()))
     unconfirmed = (gone - failed) & set(indeterminate)
     return {
-        "done": done, "dead_lettered": dead, "stranded": stranded, "failed": failed,
+        "done": done, "dead_lettered": dead, "stranded": set() if cut_off else held,
+        "undrained": held if cut_off else set(), "failed": failed,
         "lost": gone - failed - unconfirmed, "unconfirmed": unconfirmed,
     }  # fmt: skip
+
+
+def library_disagrees(completed: Collection[str], located: Located) -> set[str]:
+    """Jobs whose library record contradicts the ledger: recorded failed (or timed out) although a
+    handler of the job completed, or recorded done although none did."""
+    done = set(completed)
+    return (located.failed & done) | (located.succeeded - done)
 
 
 def _overlapping(runs: list[Execution]) -> bool:
@@ -155,8 +169,9 @@ def count(
     settings: DesignSettings | None = None,
     indeterminate: Collection[str] = (),
     broker_fault: tuple[float, float] | None = None,  # (struck, server back), harness clock
+    cut_off: bool = False,  # the drain hit its bound while the queue still made progress
 ) -> tuple[Counts, dict[str, set[str]]]:
-    """The counts, and the ids behind each outcome class."""
+    """The counts, and the ids behind each outcome class (and behind library_disagrees, which is not one)."""
     queue = queue or QueueState()
     completions: dict[str, list[Execution]] = {}
     starts: dict[str, list[float]] = {}
@@ -177,7 +192,8 @@ def count(
     ids = set(enqueued)
     completed = Counter({j: len(runs) for j, runs in completions.items()})
     last_raised = {j for j, ex in last.items() if ex.failed}
-    classes = classify(ids, completed, last_raised, located, drops_failed, indeterminate)
+    classes = classify(ids, completed, last_raised, located, drops_failed, indeterminate, cut_off)
+    classes["library_disagrees"] = library_disagrees(completions, located) & ids
     acks_lost = 0
     if broker_fault is not None:
         # Completed before the server was back, started again after the fault and after that
@@ -225,6 +241,8 @@ def count(
         indeterminate=len(set(indeterminate) & ids),
         recovered=len(set(indeterminate) & classes["done"]),
         acks_lost=acks_lost,
+        undrained=len(classes["undrained"]),
+        library_disagrees=len(classes["library_disagrees"]),
     )
     return counts, classes
 

@@ -45,16 +45,17 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("acks lost", "acks_lost"),
     ("undrained", "undrained"),
     ("worker crashes", "worker_crashes"),
+    ("library disagrees", "library_disagrees"),
 )
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
-    "undrained", "worker_crashes",
+    "undrained", "worker_crashes", "library_disagrees",
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes", "unrecovered",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
 }  # fmt: skip
 
 
@@ -139,11 +140,34 @@ def result_table(result: Result, plain: bool = False) -> Group:
                     style="yellow",
                 )
             )
-        if not run.timings.drained:
+        if run.configuration:
+            shown = ", ".join(f"{k} {number(v) if isinstance(v, float) else v}" for k, v in run.configuration.items())
+            parts.append(Text(f"{name}: library settings: {shown}", style="dim"))
+        for text in run.warnings:
+            parts.append(Text(f"! {text}", style="yellow"))
+        if run.timings.cut_off:
             parts.append(
                 Text(
-                    f"{name}: jobs still held {run.timings.window_s:g} s after the last fault (stranded;"
+                    f"{name}: {run.counts.undrained} jobs undrained: the drain stopped at its bound "
+                    f"({10 * run.timings.window_s:g} s after the last fault) while the queue was still running"
+                    " jobs (--drain-timeout raises it)",
+                    style="yellow",
+                )
+            )
+        elif not run.timings.drained:
+            parts.append(
+                Text(
+                    f"{name}: jobs still held {run.timings.window_s:g} s after the last handler started (stranded;"
                     " --drain-timeout waits longer)",
+                    style="yellow",
+                )
+            )
+        if ids := run.jobs.get("library_disagrees"):
+            shown = ", ".join(ids[:IDS_SHOWN]) + (" ..." if len(ids) > IDS_SHOWN else "")
+            parts.append(
+                Text(
+                    f"{name}: {run.counts.library_disagrees} jobs the library recorded otherwise than the ledger "
+                    f"(failed although completed, or done although never completed): {shown}",
                     style="yellow",
                 )
             )

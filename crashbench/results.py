@@ -86,6 +86,7 @@ class Timings:
     recovery_ms_p95: float | None = None
     recovery_ms_max: float | None = None
     inspect_s: float = 0.0  # the harness reading Redis for its evidence (crashbench.inspector)
+    cut_off: bool = False  # the drain hit its bound (10 windows) while handlers still started: undrained
 
     @property
     def ratio_to_ideal(self) -> float:
@@ -124,11 +125,16 @@ class DesignRun:
     broker_fault: BrokerFaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
-    jobs: dict[str, list[str]] = field(default_factory=dict)  # lost / stranded / dead_lettered / failed -> ids (100)
+    # outcome class (lost, stranded, undrained, ...) or library_disagrees -> its ids (the first 100)
+    jobs: dict[str, list[str]] = field(default_factory=dict)
     workdir: str | None = None  # with --keep (or after a failed check): the ledgers and worker logs
     problems: list[Problem] = field(default_factory=list)  # evidence checks that failed (crashbench.evidence)
     total_queue: TotalQueue | None = None  # the counts in Jepsen's total-queue vocabulary
     thresholds_evaluated: int = 0  # set by the CI gate: thresholds that applied to this run's design
+    # A library adapter's settings in effect that decide recovery (timeouts, concurrency), and what in
+    # them would re-run or cancel a healthy job of this workload (said before the run, too).
+    configuration: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def label(run: DesignRun) -> str:
@@ -187,7 +193,7 @@ def _stats(values: Sequence[float | None]) -> Stats | None:
 def summarize(runs: Sequence[DesignRun]) -> list[DesignSummary]:
     out = []
     count_names = [f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at"]
-    timing_names = [f.name for f in dataclasses.fields(Timings) if f.name != "drained"]
+    timing_names = [f.name for f in dataclasses.fields(Timings) if f.name not in ("drained", "cut_off")]
     for name, design_runs in group(runs).items():
         counts = {c: s for c in count_names if (s := _stats([getattr(r.counts, c) for r in design_runs]))}
         timings = {t: s for t in timing_names if (s := _stats([getattr(r.timings, t) for r in design_runs]))}

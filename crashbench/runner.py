@@ -20,7 +20,7 @@ import redis
 
 from crashbench import inspector, lease, tally, workdirs
 from crashbench.broker import Broker, Producer, wait_back
-from crashbench.designs import Design, Job, Located, load_design, safe_name
+from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
 from crashbench.faults import PlannedKill, plan_kills
 from crashbench.interpreter import WorkerPython
@@ -74,6 +74,7 @@ class CrashRun:
         repeat: int = 0,
         broker: Broker | None = None,
         external: bool = False,  # a server crashbench did not start: the run's keys get a lease
+        warn: Callable[[str], None] | None = None,  # told, before the run starts, what in its settings is unsafe
     ) -> None:
         self.sc = scenario
         self.spec = design_spec
@@ -94,6 +95,8 @@ class CrashRun:
         self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
+        self.configuration, self.warnings = library_settings(self.design)
+        self.warn = warn
         self.ledger = Ledger(self.dir / "ledger")
         self.broker = broker
         url_file = str(broker.url_file) if broker else None
@@ -126,6 +129,7 @@ class CrashRun:
         self._back_at: float | None = None  # when the server answered again
         self._held_at_fault: set[str] = set()  # the inspector's reading when the broker fault struck
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
+        self.cut_off = False  # the drain hit its bound while the queue still made progress
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -160,6 +164,8 @@ class CrashRun:
         return 1.0 + 2 * self.sc.longest_job_s
 
     def _execute(self) -> DesignRun:
+        for text in self.warnings if self.warn is not None else ():
+            self.warn(text)
         self.design.setup()
         ids = job_ids(self.sc.jobs)
         if self.broker is None:
@@ -393,7 +399,8 @@ class CrashRun:
         """Wait until the backlog is 0 and no worker is inside a handler. Give up once no handler has
         started for `window` seconds (the queue is stuck, or waits on a recovery timeout longer than
         the window): a slow queue that still makes progress is not cut off, a stuck one is not waited
-        on forever. At most 10 windows after the last fault, whatever happens."""
+        on forever. At most 10 windows after the last fault, whatever happens: a drain that hits that
+        bound while handlers still start is `cut_off`, its backlog undrained rather than stranded."""
         next_check = 0.0
         deadline, hard = faults_end + self.window, faults_end + 10 * self.window
         started = len(self.ledger.executions)
@@ -408,6 +415,7 @@ class CrashRun:
                 if not busy and self._tolerant(self.design.backlog, -1) == 0:
                     return True
             time.sleep(self.TICK)
+        self.cut_off = deadline > hard  # a handler started within the last window: still making progress
         return False
 
     # -- counting --------------------------------------------------------------------------------
@@ -426,8 +434,10 @@ class CrashRun:
                 spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat, scenario=self.sc,
                 design=self.design_cls, ids=ids, ledger=self.ledger, located=located, state=state,
                 kills=self.kills, exits=self.exits, workers=self.sup.workers, t0=self.t0, drained=drained,
-                drained_at=drained_at, faults_end=faults_end, window=self.window, producer=self.producer,
+                drained_at=drained_at, cut_off=self.cut_off, faults_end=faults_end, window=self.window,
+                producer=self.producer,
                 broker_fault=self.broker_fault, fault_window=fault, held_at_fault=self._held_at_fault,
                 inspect_s=self.inspect_s, workdir=str(self.dir) if self.keep_dir else None,
+                configuration=self.configuration, warnings=self.warnings,
             )
         )  # fmt: skip

@@ -40,6 +40,7 @@ class Options:
     server_binary: str | None = None
     keep: bool = False
     progress: Callable[[Progress], None] | None = None
+    warn: Callable[[str], None] | None = None  # a library setting that would re-run or cancel healthy jobs
     stop: StopFlag | None = None
     worker_python: str | None = None  # run workers under this interpreter (crashbench.interpreter)
     repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
@@ -176,6 +177,7 @@ def _run_on_server(
                             progress=options.progress, stop=options.stop, keep_dir=options.keep,
                             index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
                             repeat=repeat, broker=broker, external=server.mode == "external" and broker is None,
+                            warn=options.warn,
                         )  # fmt: skip
                         runs.append(crash.execute())
         except redis.ConnectionError as exc:

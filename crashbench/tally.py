@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from crashbench import counts as counting
 from crashbench import evidence
@@ -49,6 +50,7 @@ class RunRecord:
     t0: float
     drained: bool
     drained_at: float
+    cut_off: bool  # the drain hit its bound while handlers still started: held jobs are undrained, not stranded
     faults_end: float
     window: float
     producer: Producer | None
@@ -57,6 +59,8 @@ class RunRecord:
     held_at_fault: set[str]
     inspect_s: float
     workdir: str | None
+    configuration: dict[str, Any] = field(default_factory=dict)  # LibraryDesign.configuration()
+    warnings: list[str] = field(default_factory=list)  # LibraryDesign.config_warnings()
 
 
 def recovery_ms(k: KillRecord, t0: float, runs: Sequence[Execution]) -> float | None:
@@ -98,6 +102,7 @@ def design_run(rec: RunRecord) -> DesignRun:
         settings=sc.settings(),
         indeterminate=rec.producer.indeterminate if rec.producer else (),
         broker_fault=rec.fault_window,
+        cut_off=rec.cut_off,
     )
     completed = ledger.completed
     c.undrained = 0 if rec.drained else max(1, len(rec.located.held))
@@ -132,10 +137,13 @@ def design_run(rec: RunRecord) -> DesignRun:
         duplicates=dict(sorted((j, n) for j, n in completed.items() if n > 1)[:JOB_SAMPLE]),
         workdir=rec.workdir,
         jobs={
-            k: sorted(classes[k])[:JOB_SAMPLE] for k in ("lost", "stranded", "dead_lettered", "failed", "unconfirmed")
+            k: sorted(classes[k])[:JOB_SAMPLE]
+            for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
         },
         problems=problems,
         total_queue=counting.total_queue(c, rec.design.exactly_once),
+        configuration=rec.configuration,
+        warnings=rec.warnings,
     )
 
 
@@ -147,7 +155,8 @@ def _timings(rec: RunRecord, done: int, recoveries: list[float]) -> Timings:
     return Timings(
         wall_s=round(wall, 4),
         jobs_per_s=round(done / wall, 2) if wall > 0 else 0.0,
-        ideal_s=round(rec.scenario.ideal_s, 4),
+        # A library worker running several handlers at once: the ideal divides by all of them.
+        ideal_s=round(rec.scenario.ideal_s / rec.configuration.get("concurrency", 1), 4),
         drained=rec.drained,
         drain_s=round(rec.drained_at - rec.faults_end, 4),
         window_s=rec.window,
@@ -158,4 +167,5 @@ def _timings(rec: RunRecord, done: int, recoveries: list[float]) -> Timings:
         recovery_ms_p95=percentile(recoveries, 0.95),
         recovery_ms_max=recoveries[-1] if recoveries else None,
         inspect_s=round(rec.inspect_s, 4),
+        cut_off=rec.cut_off,
     )

@@ -102,7 +102,14 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     assert isinstance(design, LibraryDesign)
     ledger = LedgerWriter(ledger_path)
     design.start_worker(name, time.monotonic())
-    design.serve(name, lambda: ledger.ready(time.monotonic()))
+    said: list[bool] = []
+
+    def ready() -> None:  # once, although a library may call its start-up hook in each thread
+        if not said:
+            said.append(True)
+            ledger.ready(time.monotonic())
+
+    design.serve(name, ready)
     ledger.close()
     return 0
 

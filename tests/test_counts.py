@@ -35,9 +35,11 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
         "done": {"a", "b"},
         "dead_lettered": {"e"},
         "stranded": {"c", "d"},
+        "undrained": set(),
         "failed": {"g"},
         "lost": {"f"},
         "unconfirmed": set(),
+        "library_disagrees": set(),
     }
     assert (c.failed_attempts, c.retried) == (1, 0)
     assert c.stranded_at == {"pel": 1, "processing": 1}
@@ -138,3 +140,23 @@ def test_broker_fault_counts_indeterminate_enqueues_and_lost_acks() -> None:
     assert (classes["lost"], classes["unconfirmed"], classes["done"]) == ({"b"}, {"d"}, {"a", "c"})
     assert (c.lost, c.unconfirmed, c.indeterminate, c.recovered, c.acks_lost) == (1, 1, 2, 1, 1)
     assert c.duplicated == 1
+
+
+def test_a_drain_cut_off_while_the_queue_still_ran_jobs_counts_its_backlog_undrained_not_stranded() -> None:
+    located = where({"b": "queue", "c": "in-progress"})
+    stuck, classes = count(["a", "b", "c"], [ex("a")], located)
+    assert (stuck.stranded, stuck.undrained, classes["stranded"]) == (2, 0, {"b", "c"})
+    cut, classes = count(["a", "b", "c"], [ex("a")], located, cut_off=True)
+    assert (cut.stranded, cut.undrained, classes["undrained"], cut.stranded_at) == (0, 2, {"b", "c"}, {})
+
+
+def test_library_disagrees_names_failures_of_completed_jobs_and_successes_never_completed() -> None:
+    # "a" completed but the library recorded it failed (arq's job_timeout cancelled it while its
+    # thread finished); "b" the library says succeeded with no end record; "c" failed on both sides.
+    located = where(failed={"a", "c"})
+    located.succeeded |= {"b", "d", "zz"}
+    executions = [ex("a"), ex("c", failed=True), ex("d"), ex("b", done=False)]
+    c, classes = count(["a", "b", "c", "d"], executions, located)
+    assert (c.library_disagrees, classes["library_disagrees"]) == (2, {"a", "b"})
+    agreeing, _ = count(["a", "d"], [ex("a"), ex("d")], where())
+    assert agreeing.library_disagrees == 0

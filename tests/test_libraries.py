@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import signal
+from typing import Any
 
 import pytest
 import redis
@@ -146,9 +148,11 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
 @installed("celery")
 @installed("dramatiq")
 def test_default_observation_window_follows_each_library_documented_timing(small: Scenario) -> None:
-    # No server needed: a window is computed from settings. stale_after is 0.3 s in `small`.
+    # No server needed: a window is computed from settings. stale_after is 0.3 s in `small`, below the
+    # timeout the reliable configurations size from its longest job (2 x longest + 1 s).
     client = redis.Redis(host="127.0.0.1", port=1)
     sc = dataclasses.replace(small, drain_timeout=None)
+    timeout = 2 * sc.longest_job_s + 1
     windows = {d: load_design(d)(client, "p:", sc.settings(d)).observe_window() for d in (
         "reliable", "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable",
         "arq", "arq:reliable",
@@ -156,14 +160,18 @@ def test_default_observation_window_follows_each_library_documented_timing(small
     assert windows == {
         "reliable": 30.0,  # the built-in designs recover within stale_after + recover_every
         "rq": 300.0,  # 30 + 60 + 600 s documented: capped
-        "rq:reliable": 1 + 60 + 1 + 10,
-        "celery": 300.0,  # visibility_timeout 1 h: capped
-        "celery:acks-late": pytest.approx(0.3 + 1 + 10),
-        "dramatiq": 60 + 10 + 10,
-        "dramatiq:reliable": pytest.approx(0.3 + 10 + 10),
+        "rq:reliable": 1 + 60 + 1 + 1 + 10,  # heartbeat TTL, maintenance, an idle dequeue (worker_ttl - 15)
+        "celery": 300.0,  # visibility_timeout 1 h + kombu's sweep (10 s x throttle 10): capped
+        "celery:acks-late": pytest.approx(timeout + 1 + 10),
+        "dramatiq": 300.0,  # heartbeat 60 s + a maintenance pass expected within 1,000 commands: capped
+        "dramatiq:reliable": pytest.approx(timeout + 1 + 10),
         "arq": 300.0,  # job_timeout 300 + 10 s: capped
-        "arq:reliable": pytest.approx(0.3 + 10 + 0.5 + 10),
+        "arq:reliable": pytest.approx(timeout + 10 + 0.5 + 10),
     }
+    # A user's own late-ack settings with kombu's sweep left as shipped: it scans Redis every 10th
+    # tick of a 10 s timer, so a message comes back up to 5 + 100 s after its delivery.
+    own = dataclasses.replace(sc, library={"celery": {"broker_transport_options": {"visibility_timeout": 5}}})
+    assert load_design("celery")(client, "p:", own.settings("celery")).observe_window() == 5 + 10 * 10 + 10
 
 
 @pytest.mark.parametrize(
@@ -204,3 +212,50 @@ def test_rq_leaves_a_killed_job_in_its_started_registry_even_with_sighup_ignored
     assert c.stranded_at == {"started": 8} and set(run.jobs["stranded"]) == {k.job for k in run.kills}
     assert (c.lost, c.duplicated, c.failed) == (0, 0, 0) and c.done == c.enqueued - 8
     assert not run.timings.drained  # the window ran out with the jobs still held
+
+
+@installed("rq")
+@installed("celery")
+@installed("dramatiq")
+def test_reliable_configurations_size_their_timeouts_above_the_longest_job_and_warn_when_set_below(
+    small: Scenario,
+) -> None:
+    # No server needed. 3 s jobs: the sized timeouts (2 x 3 + 1 = 7 s) leave nothing to warn about;
+    # a user's own timeout at or below the longest job is named before the run.
+    client = redis.Redis(host="127.0.0.1", port=1)
+    sc = dataclasses.replace(small, job_ms=3000)
+
+    def design(name: str, **library: Any) -> Any:
+        return load_design(name)(client, "p:", dataclasses.replace(sc, library={name: library}).settings(name))
+
+    for name in ("rq:reliable", "celery:acks-late", "dramatiq:reliable", "arq:reliable"):
+        assert design(name).config_warnings() == [], name
+    assert design("celery:acks-late").configuration()["visibility_timeout_s"] == 7
+    assert design("dramatiq:reliable").configuration()["heartbeat_timeout_s"] == 7
+    assert design("arq:reliable").configuration()["job_timeout_s"] == 7
+    too_short = {
+        "celery:acks-late": design("celery:acks-late", broker_transport_options={"visibility_timeout": 1}),
+        "dramatiq:reliable": design("dramatiq:reliable", heartbeat_timeout=3000),
+        "arq:reliable": design("arq:reliable", job_timeout=1),
+        "rq:reliable": design("rq:reliable", job_timeout=2),
+    }
+    for name, d in too_short.items():
+        assert [w.split(":")[0] + ":" + w.split(":")[1] for w in d.config_warnings()] == [name], name
+    # As installed, arq's 300 s job timeout cancels a longer job.
+    long = dataclasses.replace(sc, job_ms=400_000)
+    arq = load_design("arq")(client, "p:", long.settings("arq"))
+    assert "job_timeout 300 s is not above the longest job (400 s)" in arq.config_warnings()[0]
+
+
+@installed("dramatiq")
+@installed("celery")
+def test_libraries_run_their_shipped_concurrency_unless_told_otherwise(small: Scenario) -> None:
+    client = redis.Redis(host="127.0.0.1", port=1)
+
+    def concurrency(name: str, sc: Scenario) -> int:
+        return load_design(name)(client, "p:", sc.settings(name)).configuration()["concurrency"]
+
+    shipped = {d: concurrency(d, small) for d in ("dramatiq", "arq", "huey", "rq", "celery")}
+    assert shipped == {"dramatiq": 8, "arq": 10, "huey": 1, "rq": 1, "celery": os.cpu_count() or 1}
+    assert concurrency("dramatiq", dataclasses.replace(small, concurrency=2)) == 2
+    assert concurrency("arq", dataclasses.replace(small, library={"arq": {"max_jobs": 3}})) == 3

@@ -77,3 +77,19 @@ def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(s
     assert c.done == c.enqueued == 150
     recovered = run.kills[0].recovered_after_ms
     assert recovered is not None and 10_000 <= recovered < 10_000 + 5_000
+
+
+def test_arq_cancelling_a_job_its_handler_finishes_is_a_library_disagreement(small: Scenario) -> None:
+    # job_timeout is a hard limit in arq: at 0.5 s it cancels the 1 s jobs and records each failed
+    # (TimeoutError), while the handler's thread runs on and writes its end record. The run warns of
+    # it before it starts, and counts every job as a disagreement, ids included.
+    sc = dataclasses.replace(
+        small, jobs=3, job_ms=1000, kills=0, library={"arq:reliable": {"job_timeout": 0.5, "max_tries": 1}}
+    )
+    run = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python())).runs[0]
+    c = run.counts
+    assert run.problems == []
+    assert any("job_timeout 0.5 s is not above the longest job" in w for w in run.warnings)
+    assert c.done == c.executions == 3
+    assert c.library_disagrees == 3 and run.jobs["library_disagrees"] == sorted(run.jobs["library_disagrees"])
+    assert len(run.jobs["library_disagrees"]) == 3

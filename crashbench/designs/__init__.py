@@ -306,8 +306,9 @@ class LibraryDesign(Design):
         return max(self.settings.stale_after, TIMEOUT_HEADROOM * self.settings.longest_job + TIMEOUT_PAD)
 
     def configuration(self) -> dict[str, Any]:
-        """The settings in effect that decide recovery (timeouts, concurrency), shown with the result."""
-        return {}
+        """The settings in effect that decide recovery (timeouts, ...), shown with the result; the key
+        "concurrency" is the handlers one worker runs at once, whatever the library calls it."""
+        return {"concurrency": self.concurrency()}
 
     def config_warnings(self) -> list[str]:
         """Settings that would make the library re-run or cancel a healthy job of this workload (a
@@ -332,6 +333,14 @@ class LibraryDesign(Design):
         """Run the library's worker in this process until it stops, calling `ready()` once it is about to
         take jobs (the READY handshake). Its task is `crashbench.task.handle(job_id)`, which writes the
         ledger."""
+
+
+def library_settings(design: Design) -> tuple[dict[str, Any], list[str]]:
+    """A library design's configuration in effect and its warnings for this workload; nothing for a
+    built-in design (crashbench's own settings are in the scenario)."""
+    if isinstance(design, LibraryDesign):
+        return design.configuration(), design.config_warnings()
+    return {}, []
 
 
 BUILTIN: dict[str, str] = {

@@ -24,12 +24,16 @@ its in-progress key expires (job_timeout + 10 s after the start; job_timeout is 
 the next worker's poll starts it again. A job started more than max_tries times (5) is failed with
 "max retries exceeded". A handler that raises fails the job (arq retries only on its `Retry`).
 
-    arq            as installed: job_timeout 300 s (a killed job runs again after 310 s)
-    arq:reliable   job_timeout = queue.stale_after, max_tries = queue.max_attempts (a killed job
-                   runs again after stale_after + 10 s, the 10 s fixed by arq)
+job_timeout is a hard limit in arq, not a visibility timeout: a job running longer is cancelled and
+recorded failed (TimeoutError), although its handler thread may still finish.
 
-Both run max_jobs = 1 per worker process (arq's default is 10 concurrent jobs), so N workers mean N
-jobs at a time as for every other design; [library."arq"] overrides any Worker argument.
+    arq            as installed: job_timeout 300 s (a killed job runs again after 310 s)
+    arq:reliable   job_timeout above the longest job (LibraryDesign.job_timeout: 1 s for the default
+                   10 ms jobs), max_tries = queue.max_attempts (a killed job runs again after
+                   job_timeout + 10 s, the 10 s fixed by arq)
+
+Both run arq's shipped max_jobs = 10 concurrent jobs per worker process (queue.concurrency changes
+it); [library."<design>"] overrides any Worker argument, max_jobs included.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from crashbench.task import handle
 FUNCTION = "crashbench_handle"
 EXPIRES_MS = 86_400_000  # arq's expires_extra_ms: a job not started within a day is dropped
 ARQ_FIXED_EXTRA_S = 10  # arq keeps the in-progress key job_timeout + 10 s
+ARQ_JOB_TIMEOUT = 300  # arq's Worker defaults
+ARQ_POLL_DELAY = 0.5
 
 
 class _Opaque:
@@ -76,13 +82,16 @@ def _load(raw: bytes) -> dict[str, Any]:
     return _Unpickler(io.BytesIO(raw)).load()
 
 
-def _success(raw: bytes) -> bool:
-    """Whether a stored arq result says the job succeeded; one that cannot be read records no failure."""
+def _success(raw: bytes) -> bool | None:
+    """Whether a stored arq result says the job succeeded; None for a value that is not a result arq
+    wrote (it records neither outcome)."""
     try:
         result = _load(raw)
     except Exception:  # whatever unpickling fails with, the value is not a result arq wrote
-        return True
-    return not isinstance(result, dict) or bool(result.get("s", True))
+        return None
+    if not isinstance(result, dict) or not isinstance(result.get("s"), bool):
+        return None
+    return result["s"]
 
 
 async def crashbench_handle(ctx: dict[str, Any], job_id: str) -> None:
@@ -97,6 +106,7 @@ class ArqQueue(LibraryDesign):
     namespaced = False
     reliable: ClassVar[bool] = False
     drops_failed = False  # a job that raised leaves a result with success False (kept keep_result seconds)
+    DEFAULT_CONCURRENCY = 10  # arq's Worker max_jobs default
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -107,14 +117,32 @@ class ArqQueue(LibraryDesign):
 
     def worker_options(self) -> dict[str, Any]:
         """arq Worker arguments: ours, then the scenario's [library.<design>] table."""
-        options: dict[str, Any] = {"max_jobs": 1}
+        options: dict[str, Any] = {"max_jobs": self.concurrency()}
         if self.reliable:
-            options.update(job_timeout=self.settings.stale_after, max_tries=self.settings.max_attempts)
+            options.update(job_timeout=self.job_timeout(), max_tries=self.settings.max_attempts)
         return {**options, **self.settings.options}
 
-    def observe_window(self) -> float:
+    def _redelivery_s(self) -> float:
+        # The in-progress key outlives the kill by job_timeout + 10 s; the next poll then starts the job.
         options = self.worker_options()
-        return observe_for(options.get("job_timeout", 300) + ARQ_FIXED_EXTRA_S + options.get("poll_delay", 0.5))
+        timeout = float(options.get("job_timeout", ARQ_JOB_TIMEOUT))
+        return timeout + ARQ_FIXED_EXTRA_S + options.get("poll_delay", ARQ_POLL_DELAY)
+
+    def observe_window(self) -> float:
+        return observe_for(self._redelivery_s())
+
+    def configuration(self) -> dict[str, Any]:
+        options = self.worker_options()
+        return {
+            "concurrency": options["max_jobs"], "job_timeout_s": float(options.get("job_timeout", ARQ_JOB_TIMEOUT)),
+            "max_tries": options.get("max_tries", 5), "redelivery_s": self._redelivery_s(),
+        }  # fmt: skip
+
+    def config_warnings(self) -> list[str]:
+        return self.library_timeout_warning(
+            "job_timeout", float(self.worker_options().get("job_timeout", ARQ_JOB_TIMEOUT)),
+            "arq cancels a job still running at its timeout and records it failed (TimeoutError)",
+        )  # fmt: skip
 
     def _arq_id(self, job_id: str) -> str:
         return self.prefix + job_id
@@ -181,12 +209,15 @@ class ArqQueue(LibraryDesign):
             found.add(self._job_id(arq_id), "in-progress" if running else "queue")
         results = f"arq:result:{self.prefix}"
         for name, stored in snapshot.keys.items():
-            if name.startswith(results) and stored.type == "string" and stored.items and not _success(stored.items[0]):
-                found.add(self._job_id(name.removeprefix("arq:result:")), "result", "failed")
+            if name.startswith(results) and stored.type == "string" and stored.items:
+                success = _success(stored.items[0])
+                if success is not None:
+                    kind = "succeeded" if success else "failed"
+                    found.add(self._job_id(name.removeprefix("arq:result:")), "result", kind)
         return found
 
 
 class ArqReliable(ArqQueue):
     name = "arq:reliable"
-    summary = "arq with job_timeout = stale_after and max_tries = max_attempts: killed jobs run again 10 s later"
+    summary = "arq, job_timeout above the longest job, max_tries = max_attempts: killed jobs rerun 10 s after it"
     reliable = True

@@ -12,20 +12,27 @@ A message is its own body (the list entry, the unacked value), so whatever holds
 delivery tag in unacked_index without its unacked entry holds nothing; an unacked entry without its
 index entry is a job the visibility sweep never restores ("unacked:unindexed").
 
-Each worker slot runs `app.Worker` with the prefork pool (concurrency 1): the task runs in a pool
-child process, so faults go to the worker's whole process tree.
+Each worker slot runs `app.Worker` with the prefork pool at Celery's shipped concurrency (one pool
+child per CPU; queue.concurrency or the `worker_concurrency` setting changes it): the task runs in a
+pool child process, so faults go to the worker's whole process tree.
+
+kombu gives back a message delivered more than visibility_timeout ago in a restore sweep that scans
+Redis on every unacked_restore_throttle-th tick of a timer firing every unacked_restore_interval
+seconds (10 x 10 s as installed): a message comes back up to visibility + interval x throttle later.
 
     celery           as installed: the task is acked when it starts (early ack), prefetch x4, a
                      visibility timeout of one hour: a task killed while running is gone; messages the
                      worker had prefetched wait in `unacked` for an hour
     celery:acks-late per Celery's documentation for tasks that must survive a worker crash:
-                     task_acks_late + task_reject_on_worker_lost, prefetch x1, visibility_timeout =
-                     queue.stale_after, and the restore sweep every second
+                     task_acks_late + task_reject_on_worker_lost, prefetch x1, visibility_timeout
+                     above the longest job (LibraryDesign.job_timeout: 1 s for the default 10 ms
+                     jobs), and the restore sweep every second (interval 1, throttle 1)
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -63,6 +70,7 @@ class CeleryQueue(LibraryDesign):
     acks_late: ClassVar[bool] = False
     # No retries are configured: a task that raised is acked (early, or late: task_acks_on_failure_or_timeout).
     drops_failed = True
+    DEFAULT_CONCURRENCY = os.cpu_count() or 1  # Celery's worker_concurrency default: the CPU count
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -81,7 +89,7 @@ class CeleryQueue(LibraryDesign):
         }
         if self.acks_late:
             transport.update(
-                visibility_timeout=self.settings.stale_after,
+                visibility_timeout=self.job_timeout(),
                 unacked_restore_interval=1,
                 unacked_restore_throttle=1,
             )
@@ -89,13 +97,40 @@ class CeleryQueue(LibraryDesign):
         options = dict(self.settings.options)  # the scenario's [library.<design>]: Celery settings
         transport.update(options.pop("broker_transport_options", {}))
         transport["global_keyprefix"] = self.prefix  # crashbench's namespace always wins
+        config["worker_concurrency"] = self.concurrency()
         return {**config, **options}
 
+    def _transport(self, name: str) -> float:
+        """A kombu Redis transport option in effect: ours or the scenario's, else kombu's default."""
+        defaults = {"visibility_timeout": 3600, "unacked_restore_interval": 10, "unacked_restore_throttle": 10}
+        return float(self.app.conf.broker_transport_options.get(name, defaults[name]))
+
+    def _redelivery_s(self) -> float:
+        sweep = self._transport("unacked_restore_interval") * max(1.0, self._transport("unacked_restore_throttle"))
+        return self._transport("visibility_timeout") + sweep
+
     def observe_window(self) -> float:
-        # kombu's Redis transport restores unacked messages older than the visibility timeout (1 h by
-        # default) in a sweep every unacked_restore_interval.
-        transport = self.app.conf.broker_transport_options
-        return observe_for(transport.get("visibility_timeout", 3600) + transport.get("unacked_restore_interval", 10))
+        return observe_for(self._redelivery_s())
+
+    def configuration(self) -> dict[str, Any]:
+        conf = self.app.conf
+        return {
+            "acks_late": bool(conf.task_acks_late), "concurrency": int(conf.worker_concurrency),
+            "prefetch_multiplier": int(conf.worker_prefetch_multiplier),
+            "visibility_timeout_s": self._transport("visibility_timeout"),
+            "restore_sweep_s": self._redelivery_s() - self._transport("visibility_timeout"),
+            "redelivery_s": self._redelivery_s(),
+        }  # fmt: skip
+
+    def config_warnings(self) -> list[str]:
+        # Early ack never redelivers a running task; with late ack, kombu restores every message
+        # delivered longer ago than the visibility timeout, running or not.
+        if not self.app.conf.task_acks_late:
+            return []
+        return self.library_timeout_warning(
+            "visibility_timeout", self._transport("visibility_timeout"),
+            "kombu gives a task that is still running to another worker, so it runs twice",
+        )  # fmt: skip
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         with self.app.producer_or_acquire() as producer:
@@ -107,7 +142,7 @@ class CeleryQueue(LibraryDesign):
         self.app.Worker(
             hostname=f"{worker}@crashbench",
             pool="prefork",
-            concurrency=1,
+            concurrency=self.app.conf.worker_concurrency,
             queues=[QUEUE],
             loglevel="WARNING",
             without_mingle=True,

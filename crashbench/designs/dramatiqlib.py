@@ -13,16 +13,20 @@ The id lists and ack sets name message ids; the message, and the job id in it (a
 the .msgs hash, so a job is where its message body is. A message that is in the .msgs hash but in no
 list and no ack set is never delivered again: it is held at "msgs-only" so the run shows it.
 
-Each slot runs `dramatiq.Worker(broker, worker_threads=1)` in-process (the `dramatiq` command runs
-the same class in the processes it forks) and stops it on SIGTERM as the command does. Dramatiq acks
-after the actor returns; messages of a worker whose heartbeat is older than heartbeat_timeout are
-put back by a maintenance pass, which each fetch runs with probability maintenance_chance / 10^6.
+Each slot runs `dramatiq.Worker(broker, worker_threads=8)` in-process, Dramatiq's shipped thread
+count (queue.concurrency or [library."<design>"] worker_threads changes it; the `dramatiq` command
+runs the same class in the processes it forks), and stops it on SIGTERM as the command does.
+Dramatiq acks after the actor returns; messages of a worker whose heartbeat is older than
+heartbeat_timeout are put back by a maintenance pass, which each broker command (fetch, ack, ...)
+runs with probability maintenance_chance / 10^6. A worker heartbeats only through those commands:
+while every thread runs a job and its prefetch is full it sends none, so a heartbeat_timeout below
+the longest job lets maintenance hand running jobs to other workers.
 
     dramatiq            as installed: heartbeat_timeout 60 s, maintenance_chance 1000 (0.1% of
-                        fetches), Retries middleware defaults
-    dramatiq:reliable   heartbeat_timeout = queue.stale_after, maintenance on every fetch, and the
-                        Retries middleware on crashbench's schedule: max_retries = max_attempts - 1,
-                        min_backoff = retry_base
+                        commands), Retries middleware defaults
+    dramatiq:reliable   heartbeat_timeout above the longest job (LibraryDesign.job_timeout),
+                        maintenance on every command, and the Retries middleware on crashbench's
+                        schedule: max_retries = max_attempts - 1, min_backoff = retry_base
 """
 
 from __future__ import annotations
@@ -32,18 +36,20 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
-from crashbench.designs import OBSERVE_MARGIN, DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
 QUEUE = "jobs"
+MAINTENANCE_SCALE = 1_000_000  # maintenance_chance is out of this many commands
+IDLE_POLL_S = 1.0  # an idle consumer backs off to one fetch per worker_timeout (1 s as shipped)
 DELAYED = f"{QUEUE}.DQ"  # Dramatiq's delay queue for QUEUE
 DEAD = f"{QUEUE}.XQ"  # and its dead-letter queue
 
@@ -72,14 +78,17 @@ class DramatiqQueue(LibraryDesign):
     library = "dramatiq"
     reliable: ClassVar[bool] = False
     drops_failed = False  # the Retries middleware retries a message that raised, then dead-letters it (XQ)
+    DEFAULT_CONCURRENCY = 8  # dramatiq.Worker's worker_threads default
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self.ns = prefix.rstrip(":")
         options: dict = {}
         if self.reliable:
-            options = {"heartbeat_timeout": int(settings.stale_after * 1000), "maintenance_chance": 1_000_000}
-        options.update(settings.options)  # the scenario's [library.<design>]: RedisBroker arguments
+            options = {"heartbeat_timeout": int(self.job_timeout() * 1000), "maintenance_chance": MAINTENANCE_SCALE}
+        # The scenario's [library.<design>]: RedisBroker arguments, and the Worker's worker_threads.
+        options.update(settings.options)
+        self.threads = int(options.pop("worker_threads", self.concurrency()))
         self.broker = RedisBroker(url=self.url(), namespace=self.ns, **options)
         self.broker.add_middleware(CurrentMessage())
         retry_options = {}
@@ -94,10 +103,27 @@ class DramatiqQueue(LibraryDesign):
             options=retry_options,
         )  # fmt: skip
 
+    def _redelivery_s(self) -> float:
+        # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in the first
+        # maintenance pass after that; with one command per second at the least (idle consumers), a
+        # pass is expected within 10^6 / maintenance_chance seconds.
+        chance = max(1, self.broker.maintenance_chance)
+        return self.broker.heartbeat_timeout / 1000 + MAINTENANCE_SCALE / chance * IDLE_POLL_S
+
     def observe_window(self) -> float:
-        # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in a
-        # maintenance pass that runs on a fraction of fetches: allow twice the margin for it.
-        return observe_for(self.broker.heartbeat_timeout / 1000 + OBSERVE_MARGIN)
+        return observe_for(self._redelivery_s())
+
+    def configuration(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.threads, "heartbeat_timeout_s": self.broker.heartbeat_timeout / 1000,
+            "maintenance_chance": self.broker.maintenance_chance, "redelivery_s": self._redelivery_s(),
+        }  # fmt: skip
+
+    def config_warnings(self) -> list[str]:
+        return self.library_timeout_warning(
+            "heartbeat_timeout", self.broker.heartbeat_timeout / 1000,
+            "a worker busy with long jobs sends no heartbeat, so maintenance gives its running jobs to others",
+        )  # fmt: skip
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
@@ -107,7 +133,7 @@ class DramatiqQueue(LibraryDesign):
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # what the dramatiq command does on SIGTERM
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        w = dramatiq.Worker(self.broker, worker_threads=1)
+        w = dramatiq.Worker(self.broker, worker_threads=self.threads)
         w.start()
         ready()
         while not stop.wait(0.1):
@@ -165,5 +191,5 @@ class DramatiqQueue(LibraryDesign):
 
 class DramatiqReliable(DramatiqQueue):
     name = "dramatiq:reliable"
-    summary = "Dramatiq 2.x with heartbeat_timeout = stale_after and maintenance on every fetch"
+    summary = "Dramatiq 2.x with heartbeat_timeout above the longest job and maintenance on every command"
     reliable = True

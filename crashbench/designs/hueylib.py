@@ -1,4 +1,5 @@
-"""huey: huey (3.x) with Redis storage and its own consumer (one worker thread per slot).
+"""huey: huey (3.x) with Redis storage and its own consumer (one worker thread per slot, huey's
+shipped default; queue.concurrency changes it).
 
 Keys: huey's own layout, outside crashbench's namespace (so huey refuses --redis-url), with
 name = the run prefix made alphanumeric (N):
@@ -17,6 +18,7 @@ no acknowledgement setting for Redis storage, so there is no second configuratio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 from huey import RedisHuey
@@ -45,7 +47,10 @@ class HueyQueue(LibraryDesign):
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         self.huey.on_startup()(ready)  # runs in the worker thread, as it starts taking tasks
-        self.huey.create_consumer(workers=1, worker_type="thread", check_worker_health=False).run()
+        self.huey.create_consumer(workers=self.concurrency(), worker_type="thread", check_worker_health=False).run()
+
+    def configuration(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency(), "ack": "none (RPOP)"}
 
     def backlog(self) -> int:
         return int(self.huey.pending_count() + self.huey.scheduled_count())

@@ -19,21 +19,27 @@ until its heartbeat expires (job_monitoring_interval + 60 s, the 60 s fixed by R
 maintenance pass (every maintenance_interval, 600 s by default) finds it; then it is retried if the
 job has retries left, else moved to the failed registry as abandoned. Until then it is stranded.
 
-    rq            as installed: no retries, the default intervals
+An idle worker runs maintenance only between dequeues, which block worker_ttl - 15 s at a time, so
+a job comes back up to heartbeat TTL + maintenance_interval + that block after the kill. RQ's
+job_timeout (180 s as installed) is a hard limit: the horse is killed and the job failed.
+
+    rq            as installed: no retries, the default intervals, one job at a time per worker
     rq:reliable   per RQ's documentation: Retry(max=max_attempts - 1), maintenance every 1 s,
                   job_monitoring_interval 1 s, worker_ttl 16 s (idle dequeues of 1 s), so an abandoned
-                  job is retried about 61 s after the kill
+                  job is retried about 61 s after the kill; job_timeout RQ's 180 s, or above the
+                  longest job where that is longer
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import redis
 from rq import Queue, Retry, Worker, get_current_job
 from rq.job import Job as RQJob
-from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
 from crashbench.inspector import Snapshot
@@ -58,6 +64,7 @@ class RQQueue(LibraryDesign):
     maintenance_interval: ClassVar[int] = 600  # RQ's defaults
     job_monitoring_interval: ClassVar[int] = 30
     worker_ttl: ClassVar[int] = 420  # an idle worker blocks worker_ttl - 15 s in its dequeue, skipping maintenance
+    RQ_JOB_TIMEOUT: ClassVar[float] = 180  # RQ's Queue.DEFAULT_TIMEOUT
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -77,11 +84,35 @@ class RQQueue(LibraryDesign):
         """The scenario's [library.<design>] value (RQ Worker arguments, retry_max, job_timeout)."""
         return self.settings.options.get(name, default)
 
-    def observe_window(self) -> float:
+    def _timeout(self) -> float:
+        """RQ's job_timeout in effect: the scenario's, else RQ's default (in rq:reliable raised above the
+        longest job)."""
+        default = max(self.RQ_JOB_TIMEOUT, self.job_timeout()) if self.retries else self.RQ_JOB_TIMEOUT
+        return float(self._option("job_timeout", default))
+
+    def _redelivery_s(self) -> float:
         # The execution heartbeat expires job_monitoring_interval + 60 s after the kill; the next
-        # maintenance pass (every maintenance_interval) then finds the job.
+        # maintenance pass (every maintenance_interval, and only between dequeues) then finds the job.
         heartbeat = self._option("job_monitoring_interval", self.job_monitoring_interval) + 60
-        return observe_for(heartbeat + self._option("maintenance_interval", self.maintenance_interval))
+        dequeue = max(0, self._option("worker_ttl", self.worker_ttl) - 15)
+        return heartbeat + self._option("maintenance_interval", self.maintenance_interval) + dequeue
+
+    def observe_window(self) -> float:
+        return observe_for(self._redelivery_s())
+
+    def configuration(self) -> dict[str, Any]:
+        return {
+            "retries": self._option("retry_max", self.settings.max_attempts - 1 if self.retries else 0),
+            "job_timeout_s": self._timeout(), "concurrency": 1,
+            "maintenance_interval_s": self._option("maintenance_interval", self.maintenance_interval),
+            "job_monitoring_interval_s": self._option("job_monitoring_interval", self.job_monitoring_interval),
+            "redelivery_s": self._redelivery_s(),
+        }  # fmt: skip
+
+    def config_warnings(self) -> list[str]:
+        return self.library_timeout_warning(
+            "job_timeout", self._timeout(), "RQ kills the work horse of a job still running and records it failed"
+        )
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         retries = self._option("retry_max", self.settings.max_attempts - 1 if self.retries else 0)
@@ -92,7 +123,7 @@ class RQQueue(LibraryDesign):
                 args=(j.id,),
                 job_id=self._rq_id(j.id),
                 retry=retry,
-                timeout=self._option("job_timeout", None),
+                timeout=math.ceil(self._timeout()),
                 meta={"retries": retries},
             )
             for j in jobs
@@ -176,6 +207,11 @@ class RQQueue(LibraryDesign):
         for member in failed.items if failed is not None else ():
             if (rq_id := self._rq_member(member)) is not None:
                 found.add(self._job_id(rq_id), "failed", "failed")
+        # The finished registry is RQ's record of a success (kept result_ttl, 500 s by default).
+        finished = snapshot.keys.get(FinishedJobRegistry(queue=self.queue).key)
+        for member in finished.items if finished is not None else ():
+            if (rq_id := self._rq_member(member)) is not None:
+                found.add(self._job_id(rq_id), "finished", "succeeded")
         return found
 
 
