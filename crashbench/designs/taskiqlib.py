@@ -1,0 +1,268 @@
+"""taskiq, taskiq:stream and taskiq:reliable: taskiq 0.13 on taskiq-redis 1.2, with taskiq's own Receiver.
+
+Keys (all under the run prefix P, so these designs also run on --redis-url):
+    P queue     taskiq: ListQueueBroker's list of messages (LPUSH by the producer, BRPOP by a worker)
+    P stream    taskiq:stream / taskiq:reliable: RedisStreamBroker's stream, one entry per message
+                ({data: message}); consumer group "P workers", one consumer (a uuid) per worker process
+A message is taskiq's JSON (TaskiqMessage: task_id, task_name, labels, args, kwargs); the job id is
+args[0]. A stream holds a job while its entry is undelivered to the group or pending (in the PEL).
+The stream broker's XAUTOCLAIM also SETs and DELetes a lock "autoclaim:<group>:<stream>", but both
+inside the same MULTI/EXEC as the claim, so that key never exists for another client to see.
+
+Each slot runs taskiq's Receiver in-process, as `taskiq worker` runs it in each process it spawns:
+max_async_tasks 100, and the sync handler in a ThreadPoolExecutor of Python's default size
+(min(32, cpus + 4)), so min(those) handlers run at once; queue.concurrency sets both. SIGTERM and
+SIGINT set the Receiver's finish event, as the CLI's handlers do; running tasks then finish.
+
+    taskiq           ListQueueBroker as installed: BRPOP takes the message, nothing acknowledges it;
+                     a killed worker loses every message it had popped, running or waiting for a
+                     thread (the Receiver takes up to max_async_tasks ahead): at-most-once.
+    taskiq:stream    RedisStreamBroker as installed: XREADGROUP 100 entries at a time, XACK when the
+                     task is done (the Receiver's default ack_type WHEN_SAVED: after the result is
+                     saved, here with no result backend right after the task); XAUTOCLAIM of entries
+                     idle idle_timeout = 10 min, so a job longer than that runs twice at once.
+    taskiq:reliable  idle_timeout = job_timeout() (above the longest job), xread_count 1.
+
+How often the claim runs decides recovery: the broker's listen() runs XAUTOCLAIM only after an
+XREADGROUP that returned new entries, once per batch of xread_count. On a stream whose every entry
+was read, nothing is claimed however long a dead worker's entries wait: they are stranded until a
+producer adds work. xread_count 1 makes a pass per message while there is any; nothing can make one
+run on an idle stream. A task that raised is acked and forgotten (no retry middleware installed).
+
+[library."<design>"] entries go to taskiq's Receiver when they are its arguments (max_async_tasks,
+max_prefetch, ack_type, ...), to the thread pool as max_threadpool_threads, else to the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import os
+import signal
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+import redis
+from taskiq import AsyncBroker, TaskiqEvents
+from taskiq.acks import AcknowledgeType
+from taskiq.cli.worker.run import shutdown_broker
+from taskiq.receiver import Receiver
+from taskiq_redis import ListQueueBroker, RedisStreamBroker
+
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
+from crashbench.task import handle
+
+TASK = "crashbench_handle"
+SHUTDOWN_TIMEOUT = 5.0  # taskiq worker --shutdown-timeout default, seconds
+MAX_ASYNC_TASKS = 100  # taskiq worker --max-async-tasks default
+IDLE_TIMEOUT_MS = 600_000  # RedisStreamBroker's idle_timeout default
+XREAD_BLOCK_MS = 2000  # RedisStreamBroker's xread_block default: the longest wait between two reads
+RECEIVER_ARGS = frozenset(inspect.signature(Receiver.__init__).parameters) - {"self", "broker", "executor"}
+
+
+def crashbench_handle(job_id: str) -> None:
+    # Sync, so taskiq runs it in its thread pool: the ledger pairs each start with its end per thread.
+    # taskiq keeps no delivery count it would pass on (no retry middleware): every run is attempt 1.
+    handle(job_id, attempt=1)
+
+
+def _message_job(raw: bytes | str | None) -> str | None:
+    """The job id a stored taskiq message carries (its first argument), or None."""
+    try:
+        message = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    args = message.get("args") if isinstance(message, dict) else None
+    return args[0] if isinstance(args, list) and args and isinstance(args[0], str) else None
+
+
+class TaskiqList(LibraryDesign):
+    name = "taskiq"
+    summary = "taskiq, taskiq-redis ListQueueBroker as installed: BRPOP, no ack, at-most-once"
+    library = "taskiq_redis"
+    DEFAULT_CONCURRENCY = MAX_ASYNC_TASKS
+    drops_failed = True  # no retry middleware: a task that raised is logged and its message is gone
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        self.queue = self.key("queue")
+        options = settings.options
+        self.receiver_options = {k: v for k, v in options.items() if k in RECEIVER_ARGS}
+        self.broker_options = {k: v for k, v in options.items() if k not in RECEIVER_ARGS}
+        self.threads: int | None = self.broker_options.pop("max_threadpool_threads", settings.concurrency or None)
+
+    def make_broker(self) -> AsyncBroker:
+        return ListQueueBroker(url=self.url(), queue_name=self.queue, **self.broker_options)
+
+    def _broker(self) -> AsyncBroker:
+        broker = self.make_broker()
+        broker.register_task(crashbench_handle, task_name=TASK)
+        return broker
+
+    def handlers(self) -> tuple[int, int]:
+        """(max_async_tasks, thread pool size): a sync task runs once it holds both."""
+        tasks = self.receiver_options.get("max_async_tasks", self.concurrency())
+        return tasks, self.threads or min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
+
+    def configuration(self) -> dict[str, Any]:
+        tasks, threads = self.handlers()
+        return {"max_async_tasks": tasks, "threads": threads, "handlers": min(tasks, threads), "ack": "none (BRPOP)"}
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        asyncio.run(self._kick([job.id for job in jobs]))
+
+    async def _kick(self, ids: list[str]) -> None:
+        # As a taskiq producer does: startup (the stream broker creates its group there), kiq, shutdown.
+        # A broker per call: its connection pool belongs to this call's event loop.
+        broker = self._broker()
+        await broker.startup()
+        try:
+            task = broker.find_task(TASK)
+            assert task is not None
+            for job_id in ids:
+                await task.kiq(job_id)
+        finally:
+            await broker.shutdown()
+
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        # What taskiq.cli.worker.run.start_listen does in each worker process, without its spawner.
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        finish = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Only sets the event, as the CLI's handler does; through the loop, so that a worker
+            # blocked in BRPOP (no timeout) wakes for it.
+            loop.add_signal_handler(sig, finish.set)
+        broker = self._broker()
+        broker.is_worker_process = True
+        broker.add_event_handler(TaskiqEvents.WORKER_STARTUP, lambda _state: ready())
+        options = {"max_async_tasks": self.concurrency(), **self.receiver_options}
+        try:
+            with ThreadPoolExecutor(max_workers=self.threads) as pool:
+                receiver = Receiver(broker=broker, executor=pool, **options)
+                try:
+                    loop.run_until_complete(receiver.listen(finish))
+                finally:
+                    loop.run_until_complete(shutdown_broker(broker, SHUTDOWN_TIMEOUT))
+        finally:
+            loop.close()
+
+    def backlog(self) -> int:
+        return int(self.r.llen(self.queue))
+
+    def state(self) -> QueueState:
+        held = {job: "queue" for raw in self.r.lrange(self.queue, 0, -1) if (job := _message_job(raw))}
+        return QueueState(held=held)
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        listed = snapshot.keys.get(self.queue)
+        for raw in listed.items if listed is not None and listed.type == "list" else ():
+            if (job := _message_job(raw)) is not None:
+                found.add(job, "queue")
+        return found
+
+
+class TaskiqStream(TaskiqList):
+    name = "taskiq:stream"
+    summary = "taskiq, RedisStreamBroker as installed: ack after the task, XAUTOCLAIM after 10 min idle"
+    reliable: ClassVar[bool] = False
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        self.stream = self.key("stream")
+        self.group = self.key("workers")
+        if self.reliable:
+            # The reclaim delay above the longest job (the base class sizes it), and a claim pass
+            # after every message read rather than every 100.
+            self.broker_options = {"idle_timeout": math.ceil(self.job_timeout() * 1000), "xread_count": 1,
+                                   **self.broker_options}  # fmt: skip
+
+    def make_broker(self) -> AsyncBroker:
+        return RedisStreamBroker(
+            url=self.url(), queue_name=self.stream, consumer_group_name=self.group, **self.broker_options
+        )
+
+    def idle_timeout(self) -> float:
+        """Seconds an entry stays pending before another worker's XAUTOCLAIM takes it."""
+        return self.broker_options.get("idle_timeout", IDLE_TIMEOUT_MS) / 1000
+
+    def observe_window(self) -> float:
+        # Idle for idle_timeout, then claimed by the next pass, which follows a read that returned
+        # entries: at most one xread_block later while the stream has unread entries.
+        return observe_for(self.idle_timeout() + self.broker_options.get("xread_block", XREAD_BLOCK_MS) / 1000)
+
+    def configuration(self) -> dict[str, Any]:
+        ack = AcknowledgeType(self.receiver_options.get("ack_type", AcknowledgeType.WHEN_SAVED)).value
+        return super().configuration() | {
+            "ack": f"XACK {ack} (ack_type)",
+            "idle_timeout_s": self.idle_timeout(),
+            "xread_count": self.broker_options.get("xread_count", 100),
+            "autoclaim": "after each XREADGROUP that returned entries",
+        }
+
+    def config_warnings(self) -> list[str]:
+        tasks, threads = self.handlers()
+        # A message waits for a thread behind up to tasks / threads - 1 others, idle all the while.
+        waited = math.ceil(tasks / threads) * self.settings.longest_job
+        warnings = self.library_timeout_warning(
+            "idle_timeout", self.idle_timeout(), "a job still running is claimed by another worker and runs twice"
+        )
+        if not warnings and waited >= self.idle_timeout():
+            warnings.append(
+                f"{self.name}: a message waits up to {waited:g} s for one of {threads} threads behind "
+                f"max_async_tasks {tasks}, not below idle_timeout {self.idle_timeout():g} s: "
+                "it is claimed by another worker and runs twice"
+            )
+        return warnings
+
+    def backlog(self) -> int:
+        groups = self.r.xinfo_groups(self.stream) if self.r.exists(self.stream) else []
+        group = next((g for g in groups if g["name"] == self.group), None)
+        if group is None:
+            return int(self.r.xlen(self.stream))
+        lag = group.get("lag")
+        if lag is None:  # Redis cannot tell after a deletion: count what follows last-delivered-id
+            lag = len(self.r.xrange(self.stream, "(" + group["last-delivered-id"], "+"))
+        return int(group["pending"] + lag)
+
+    def state(self) -> QueueState:
+        held: dict[str, str] = {}
+        groups = self.r.xinfo_groups(self.stream) if self.r.exists(self.stream) else []
+        group = next((g for g in groups if g["name"] == self.group), None)
+        start = "-" if group is None else "(" + group["last-delivered-id"]
+        for _, fields in self.r.xrange(self.stream, start, "+"):
+            if job := _message_job(fields.get("data")):
+                held[job] = "stream"
+        if group is not None:
+            for p in self.r.xpending_range(self.stream, self.group, min="-", max="+", count=1_000_000):
+                for _, fields in self.r.xrange(self.stream, p["message_id"], p["message_id"]):
+                    if job := _message_job(fields.get("data")):
+                        held[job] = f"pel:{p['consumer']}"
+        return QueueState(held=held)
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        stream = snapshot.keys.get(self.stream)
+        if stream is None or stream.type != "stream":
+            return found
+        if stream.groups and not any(g.name == self.group for g in stream.groups):
+            return found  # somebody else's group: ours was never created, so no worker reads it
+        for where, _, fields in stream.stream_places():
+            if fields is not None and (job := _message_job(fields.get(b"data"))) is not None:
+                found.add(job, where or "stream")
+        return found
+
+    def key_patterns(self) -> list[str]:
+        # The claim lock lives only inside a MULTI/EXEC; matched all the same should a version keep it.
+        return [self.prefix + "*", f"autoclaim:{self.group}:*"]
+
+
+class TaskiqReliable(TaskiqStream):
+    name = "taskiq:reliable"
+    summary = "taskiq, RedisStreamBroker with idle_timeout above the longest job and a claim pass per message"
+    reliable = True
