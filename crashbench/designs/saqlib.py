@@ -1,0 +1,270 @@
+"""saq and saq:reliable: the saq library (0.26, asyncio) with its own Worker, as a user runs it.
+
+saq pins redis-py < 8, so its workers run under `--worker-python PATH` like arq's. This module must
+import without saq: the harness side (enqueue, backlog, state, locate) speaks saq's key layout and
+JSON job format with plain redis-py, and only `serve`, in the worker, imports saq.
+
+Keys: saq's own layout, outside crashbench's namespace (so these designs refuse --redis-url). The
+queue's name is the run prefix P without its trailing ":" and each job's key is P + crashbench's id
+(saq's abort keys are named by the job key alone, so the key must be unique across runs):
+    saq:P incomplete    sorted set of saq ids (saq:job:P P<id>) by due time: every job not ended
+    saq:P queued        list of ids waiting; a worker BLMOVEs one into
+    saq:P active        list of ids being run; a job leaves both only when it ends or is swept
+    saq:job:P P<id>     the job (JSON): status, attempts, timeout, heartbeat, retries, ...; kept ttl
+                        (600 s) after it ends with status complete / failed / aborted
+    saq:abort:P<id>     set for 5 s while a sweep aborts the job
+    saq:P sweep, schedule, stats, worker_info:<uuid>   locks and the workers' health
+A list names saq ids only; a job is held there only while its body exists.
+
+saq acknowledges nothing before a job ends: a killed worker's jobs stay in `active` with status
+active. Every worker runs a sweep every timers["sweep"] s (one at a time: the sweep key is a lock of
+that many seconds); it takes a job in `active` that is not active, or whose `started` is older than
+its timeout, or whose `touched` is older than its heartbeat. For each (one after another), it
+aborts the job (out of every list), waits up to 5 s (fixed in saq) for its worker to confirm, then
+retries it if `retries > attempts` (back to `queued`), else finishes it ABORTED. A handler that
+raises is retried the same way, else finished FAILED. A heartbeat is saq's `touched`: the job
+function itself must write it (`await job.update()`), which ours does every heartbeat / 2 s.
+
+    saq            as installed: timeout 10 s, heartbeat 0 (off), retries 1 (a single attempt),
+                   sweep every 60 s: a killed worker's jobs are ABORTED, never run again, 10-75 s on
+    saq:reliable   timeout = job_timeout(), heartbeat = stale_after (whole seconds), retries =
+                   max_attempts, sweep every 1 s: a killed job runs again ~heartbeat + 1 + 5 s on
+
+Both run saq's default concurrency (10 jobs per worker process); [library."<design>"] sets Job
+fields (timeout, heartbeat, retries, ttl, retry_delay, retry_backoff) and any other Worker argument
+(concurrency, timers merged into ours, shutdown_grace_period_s, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+import redis
+
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.inspector import Snapshot
+from crashbench.task import handle
+
+FUNCTION = "crashbench_handle"
+SWEEP_ABORT_WAIT_S = 5.0  # RedisQueue.sweep(abort=5.0): how long it waits on a swept job's worker
+# saq's Job and Worker defaults (saq.job.Job, saq.worker.Worker.__init__): timeout 10 s,
+# heartbeat 0 (off), retries 1, ttl 600 s; timers sweep 60 s.
+JOB_DEFAULTS: dict[str, Any] = {"timeout": 10, "heartbeat": 0, "retries": 1, "ttl": 600}
+JOB_FIELDS = {"timeout", "heartbeat", "retries", "ttl", "retry_delay", "retry_backoff"}
+SWEEP_DEFAULT_S = 60
+FAILED = {"failed", "aborted"}  # saq's unsuccessful terminal statuses
+
+# saq's Queue._enqueue script: a job already incomplete, or being aborted, is not enqueued again.
+ENQUEUE = """
+if not redis.call('ZSCORE', KEYS[1], KEYS[2]) and redis.call('EXISTS', KEYS[4]) == 0 then
+    redis.call('SET', KEYS[2], ARGV[1])
+    redis.call('ZADD', KEYS[1], ARGV[2], KEYS[2])
+    if ARGV[2] == '0' then redis.call('RPUSH', KEYS[3], KEYS[2]) end
+    return 1
+else
+    return nil
+end
+"""
+
+
+async def crashbench_handle(ctx: dict[str, Any], *, job_id: str) -> None:
+    job = ctx["job"]
+    # The handler is synchronous (it sleeps): a thread keeps saq's event loop, timeout and sweep alive.
+    # saq counts attempts itself (1 on the first run, +1 per dequeue), so a retry is attempt 2.
+    work = asyncio.ensure_future(asyncio.to_thread(handle, job_id, job.attempts))
+    # saq's heartbeat is the job's `touched` time, which only the job function refreshes.
+    while job.heartbeat and not (await asyncio.wait({work}, timeout=job.heartbeat / 2))[0]:
+        await job.update()
+    await work
+
+
+def _body(raw: bytes | str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class SaqQueue(LibraryDesign):
+    name = "saq"
+    summary = "saq as installed: a killed worker's jobs are swept after 10-75 s and ABORTED (retries 1)"
+    library = "saq"
+    namespaced = False
+    reliable: ClassVar[bool] = False
+    DEFAULT_CONCURRENCY = 10  # saq.worker.Worker(concurrency=10)
+    # A job that raised, or was swept, with no retry left keeps its body, status failed / aborted,
+    # for its ttl (600 s): saq's record of the failure. (With ttl -1 saq deletes it: then lost.)
+    drops_failed = False
+
+    def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        super().__init__(client, prefix, settings)
+        self.queue = prefix.rstrip(":")
+        self.keys = {k: f"saq:{self.queue}:{k}" for k in ("incomplete", "queued", "active")}
+        self.ids = f"saq:job:{self.queue}:{prefix}"  # saq id = this + crashbench's id
+        self.enqueue_script = client.register_script(ENQUEUE)
+
+    def job_options(self) -> dict[str, Any]:
+        """The Job fields every job is enqueued with: ours, then the scenario's."""
+        options: dict[str, Any] = {}
+        if self.reliable:
+            # saq types these as whole seconds; rounding up keeps each above what it is sized by.
+            options = {
+                "timeout": math.ceil(self.job_timeout()),
+                "heartbeat": max(1, math.ceil(self.settings.stale_after)),
+                "retries": self.settings.max_attempts,
+            }
+        options.update((k, v) for k, v in self.settings.options.items() if k in JOB_FIELDS)
+        return options
+
+    def worker_options(self) -> dict[str, Any]:
+        """saq Worker arguments: ours, then the scenario's (its `timers` merged into ours)."""
+        timers = {"sweep": 1} if self.reliable else {}
+        options: dict[str, Any] = {"concurrency": self.concurrency()}
+        if self.reliable:
+            # A graceful stop (SIGTERM) lets running jobs end; saq's default cancels them at once and
+            # retries them, while their handler threads run on (the job would run twice).
+            options["shutdown_grace_period_s"] = math.ceil(self.job_timeout())
+        options.update((k, v) for k, v in self.settings.options.items() if k not in JOB_FIELDS)
+        options["timers"] = {**timers, **options.get("timers", {})}
+        return options
+
+    def _job(self, name: str) -> Any:
+        return self.job_options().get(name, JOB_DEFAULTS[name])
+
+    def _redelivery_s(self) -> float:
+        """From a worker's death to the sweep deciding its job: whichever of timeout / heartbeat
+        finds it stuck first, then a sweep period, then the sweep's wait on the dead worker."""
+        found = min((s for s in (self._job("timeout"), self._job("heartbeat")) if s), default=math.inf)
+        sweep = self.worker_options()["timers"].get("sweep", SWEEP_DEFAULT_S)
+        return found + sweep + SWEEP_ABORT_WAIT_S
+
+    def observe_window(self) -> float:
+        return observe_for(self._redelivery_s())
+
+    def configuration(self) -> dict[str, Any]:
+        return {
+            "timeout_s": self._job("timeout"), "heartbeat_s": self._job("heartbeat"),
+            "retries": self._job("retries"), "concurrency": self.worker_options()["concurrency"],
+            "sweep_s": self.worker_options()["timers"].get("sweep", SWEEP_DEFAULT_S),
+            "sweep_abort_wait_s": SWEEP_ABORT_WAIT_S, "redelivery_s": self._redelivery_s(),
+        }  # fmt: skip
+
+    def config_warnings(self) -> list[str]:
+        timeout = self._job("timeout")
+        if not timeout:  # 0 disables it
+            return []
+        return self.library_timeout_warning(
+            "job timeout", timeout,
+            "saq cancels the job (its handler thread runs on), then retries it or records it failed",
+        )  # fmt: skip
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        # What saq's Queue.enqueue writes (Job.to_dict: fields at their default are left out).
+        now_ms = int(time.time() * 1000)
+        options = {k: v for k, v in self.job_options().items() if JOB_DEFAULTS.get(k) != v}
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            key = self.prefix + job.id
+            body = {"function": FUNCTION, "kwargs": {"job_id": job.id}, "queue": self.queue, "key": key,
+                    **options, "queued": now_ms, "status": "queued"}  # fmt: skip
+            keys = [self.keys["incomplete"], self.ids + job.id, self.keys["queued"], f"saq:abort:{key}"]
+            self.enqueue_script(keys=keys, args=[json.dumps(body), 0], client=pipe)
+        pipe.execute()
+
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        from saq import Queue, Worker
+
+        async def startup(ctx: dict[str, Any]) -> None:
+            ready()
+
+        async def main() -> None:
+            # As saq.worker.start (the `saq` command) runs a Worker; Worker.start itself stops on
+            # SIGINT / SIGTERM. Each job's handler runs in a thread of the default executor: as many as
+            # the concurrency, so no job waits for a thread while its timeout runs.
+            options = self.worker_options()
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(options["concurrency"]))
+            queue = Queue.from_url(self.url(), name=self.queue)
+            try:
+                await queue.connect()
+                await Worker(queue, functions=[(FUNCTION, crashbench_handle)], startup=startup, **options).start()
+            finally:
+                await queue.disconnect()
+
+        asyncio.new_event_loop().run_until_complete(main())
+
+    def backlog(self) -> int:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.keys["incomplete"]).llen(self.keys["active"])
+        held = sum(pipe.execute())
+        # A job being swept is in no list for up to 5 s, until the sweep retries or finishes it; its
+        # abort key lives as long. Only scanned when the lists are empty, at the end of a run.
+        return held or sum(1 for _ in self.r.scan_iter(match=f"saq:abort:{self.prefix}*", count=1000))
+
+    def _places(self, queued: list[str], active: list[str], incomplete: list[str]) -> list[tuple[str, str]]:
+        """(saq id, where) for every place a job sits: each entry of `queued` and `active`, and
+        `incomplete` for an id in neither (a retry waiting for its retry_delay, or one no list names)."""
+        listed = set(queued) | set(active)
+        return [
+            *((i, "queued") for i in queued), *((i, "active") for i in active),
+            *((i, "incomplete") for i in incomplete if i not in listed),
+        ]  # fmt: skip
+
+    @staticmethod
+    def _kind(where: str, body: dict[str, Any]) -> str:
+        # Only the schedule pass moves an id from `incomplete` to `queued`, and only once its score
+        # (due time) is > 0: a delayed retry's or a scheduled job's; any other is never delivered.
+        delayed = where == "incomplete" and (body.get("retry_delay") or body.get("scheduled"))
+        return "delayed" if delayed else "held"
+
+    def state(self) -> QueueState:
+        queued = self.r.lrange(self.keys["queued"], 0, -1)
+        active = self.r.lrange(self.keys["active"], 0, -1)
+        places = self._places(queued, active, self.r.zrange(self.keys["incomplete"], 0, -1))
+        names = sorted({i for i, _ in places})
+        bodies = dict(zip(names, self.r.mget(names), strict=True)) if names else {}
+        held = {i.removeprefix(self.ids): w for i, w in places if i.startswith(self.ids) and bodies.get(i)}
+        failed = set()
+        for name in self.r.scan_iter(match=self.ids + "*", count=1000):
+            raw = self.r.get(name)
+            if raw is not None and _body(raw).get("status") in FAILED:
+                failed.add(name.removeprefix(self.ids))
+        return QueueState(held=held, failed=failed)
+
+    def key_patterns(self) -> list[str]:
+        # saq:P..., saq:job:P... and saq:abort:P...: a neighbouring run's P differs before its ":".
+        return [f"saq:{self.prefix}*", f"{self.ids}*", f"saq:abort:{self.prefix}*"]
+
+    def locate(self, snapshot: Snapshot) -> Located:
+        found = Located()
+        bodies = {
+            name: _body(stored.items[0])
+            for name, stored in snapshot.keys.items()
+            if name.startswith(self.ids) and stored.type == "string" and stored.items
+        }
+
+        def members(key: str) -> list[str]:
+            stored = snapshot.keys.get(key)
+            return [m.decode(errors="replace") for m in stored.items] if stored is not None else []
+
+        places = self._places(*(members(self.keys[k]) for k in ("queued", "active", "incomplete")))
+        for saq_id, where in places:
+            if saq_id in bodies:  # saq skips an id whose body is gone
+                found.add(saq_id.removeprefix(self.ids), where, self._kind(where, bodies[saq_id]))
+        for saq_id, body in bodies.items():
+            status = body.get("status")
+            if status in FAILED or status == "complete":
+                found.add(saq_id.removeprefix(self.ids), "job", "failed" if status in FAILED else "succeeded")
+        return found
+
+
+class SaqReliable(SaqQueue):
+    name = "saq:reliable"
+    summary = "saq with timeout above the longest job, a heartbeat, retries = max_attempts, sweep every 1 s"
+    reliable = True

@@ -1,0 +1,130 @@
+"""saq and saq:reliable: saq's own Worker under --worker-python (real server, real SIGKILL), and the
+harness side of the adapter, which speaks saq's layout without saq (no server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import tempfile
+
+import pytest
+import redis
+
+from crashbench.designs import DesignSettings, load_design
+from crashbench.inspector import Snapshot, StoredKey
+from crashbench.scenario import Scenario
+from crashbench.session import Options, run_designs
+from tests.test_worker_python import arq_python
+
+NO_SERVER = redis.Redis(host="127.0.0.1", port=1)  # the designs only build their keys and options here
+
+
+@functools.cache
+def _has_saq(python: str) -> bool:
+    # Run outside any directory with a module named like the standard library's (saq has a types.py).
+    with tempfile.TemporaryDirectory() as cwd:
+        argv = [os.path.abspath(python), "-c", "import saq"]  # abspath, not resolve: a venv's python is a link
+        return subprocess.run(argv, cwd=cwd, capture_output=True, timeout=60).returncode == 0
+
+
+def saq_python() -> str:
+    python = arq_python()
+    if not _has_saq(python):
+        pytest.skip(f"{python} cannot import saq")
+    return python
+
+
+@pytest.mark.parametrize("design", ["saq", "saq:reliable"])
+def test_saq_without_kills_runs_every_job(small: Scenario, design: str) -> None:
+    # Every job is done, none is lost or failed. saq's sweep runs once as a worker starts (then every
+    # timers["sweep"] s) and takes a job it finds in `active` with a status still "queued": one a worker
+    # has just moved there and not yet marked active (tobymao/saq#124). It aborts it and, from a stale
+    # copy with attempts 0, runs it again: a sequential duplicate, never two runs at once.
+    sc = dataclasses.replace(small, jobs=60, kills=0)
+    result = run_designs(sc, [design], Options(worker_python=saq_python()))
+    run = result.runs[0]
+    c = run.counts
+    assert run.problems == []
+    assert c.done == c.enqueued == 60 and c.executions == 60 + c.extra_executions
+    assert (c.lost, c.stranded, c.failed, c.dead_lettered, c.duplicated_overlapping) == (0, 0, 0, 0, 0)
+    assert "saq" in result.environment.libraries
+    assert run.configuration["concurrency"] == 10  # saq's default, as both designs ship it
+
+
+def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
+    # One job per worker process (queue.concurrency), so each kill leaves exactly one job in `active`.
+    # The heartbeat (1 s) finds it stuck, a sweep (every 1 s) aborts it, waits 5 s on its dead worker,
+    # then retries it.
+    sc = dataclasses.replace(small, jobs=150, job_ms=20, kills=3, interval=0.15, concurrency=1, drain_timeout=20)
+    run = run_designs(sc, ["saq:reliable"], Options(worker_python=saq_python())).runs[0]
+    c = run.counts
+    assert run.problems == []
+    assert c.kills_mid_job == 3, run.kills
+    assert (c.lost, c.stranded, c.failed) == (0, 0, 0)
+    assert run.jobs["lost"] == run.jobs["stranded"] == run.jobs["undrained"] == run.jobs["failed"] == []
+    assert c.done == c.enqueued == 150 and c.interrupted == 3  # each killed job ran again, to the end
+    for k in run.kills:
+        assert k.recovered_after_ms is not None and 5_000 <= k.recovered_after_ms < 15_000, run.kills
+
+
+def test_config_warnings_and_configuration_follow_saq_defaults() -> None:
+    def design(spec: str, longest: float, **options: object) -> object:
+        return load_design(spec)(NO_SERVER, "p:", DesignSettings(longest_job=longest, options=dict(options)))
+
+    plain = design("saq", 9.9)
+    assert plain.config_warnings() == []  # type: ignore[attr-defined]
+    assert plain.configuration() == {  # type: ignore[attr-defined]
+        "timeout_s": 10, "heartbeat_s": 0, "retries": 1, "concurrency": 10, "sweep_s": 60,
+        "sweep_abort_wait_s": 5.0, "redelivery_s": 75.0,
+    }  # fmt: skip
+    assert plain.observe_window() == 85.0  # type: ignore[attr-defined]
+    [warning] = design("saq", 10.0).config_warnings()  # type: ignore[attr-defined]
+    assert "job timeout 10 s" in warning and "cancels" in warning
+    assert design("saq", 30.0, timeout=60).config_warnings() == []  # type: ignore[attr-defined]
+
+    reliable = design("saq:reliable", 10.0)
+    config = reliable.configuration()  # type: ignore[attr-defined]
+    assert config["timeout_s"] > 10 and config["heartbeat_s"] == 1 and config["retries"] == 3
+    assert config["sweep_s"] == 1 and reliable.config_warnings() == []  # type: ignore[attr-defined]
+    assert design("saq:reliable", 10.0, timeout=5).config_warnings() != []  # type: ignore[attr-defined]
+
+
+def _key(name: str, kind: str, *items: str | bytes) -> StoredKey:
+    return StoredKey(name, kind, items=[i.encode() if isinstance(i, str) else i for i in items])
+
+
+def test_locate_reads_saq_lists_and_job_statuses() -> None:
+    d = load_design("saq")(NO_SERVER, "crashbench:r:1-saq:", DesignSettings())
+    q, ids = "saq:crashbench:r:1-saq:", "saq:job:crashbench:r:1-saq:crashbench:r:1-saq:"
+
+    def body(job: str, **fields: object) -> StoredKey:
+        return _key(ids + job, "string", json.dumps({"function": "crashbench_handle", "key": job, **fields}))
+
+    neighbour = "saq:job:crashbench:r:10-saq:crashbench:r:10-saq:000009"
+    keys = [
+        # queued, active: held where listed; 000003 is queued with its body gone (saq skips it)
+        _key(q + "queued", "list", ids + "000001", ids + "000003"),
+        _key(q + "active", "list", ids + "000002"),
+        # incomplete lists every job not ended; alone it holds a retry waiting for its delay (000004)
+        # or a job nothing will deliver (000005)
+        _key(q + "incomplete", "zset", *(ids + j for j in ("000001", "000002", "000003", "000004", "000005"))),
+        body("000001", status="queued"), body("000002", status="active"),
+        body("000004", status="queued", retry_delay=1.0), body("000005", status="queued"),
+        # ended: saq keeps the body for its ttl with the outcome
+        body("000006", status="failed"), body("000007", status="aborted"), body("000008", status="complete"),
+        body("000010", status="aborting"),  # taken out of every list by a sweep: in flux, not held
+        _key(neighbour, "string", json.dumps({"status": "failed"})),  # another run's: never ours
+        _key(q + "stats", "zset", q + "worker_info:w1"), _key(q + "worker_info:w1", "string", "{}"),
+    ]  # fmt: skip
+    found = d.locate(Snapshot({k.name: k for k in keys}))
+    assert found.held == {
+        "000001": ["queued"], "000002": ["active"], "000004": ["incomplete"], "000005": ["incomplete"],
+    }  # fmt: skip
+    assert found.delayed == {"000004"}
+    assert found.failed == {"000006", "000007"}
+    assert found.succeeded == {"000008"}
+    assert found.dead == {}
+    assert d.key_patterns() == [f"saq:{d.prefix}*", f"saq:job:{d.prefix}{d.prefix}*", f"saq:abort:{d.prefix}*"]
