@@ -16,18 +16,22 @@ SIGINT set the Receiver's finish event, as the CLI's handlers do; running tasks 
 
     taskiq           ListQueueBroker as installed: BRPOP takes the message, nothing acknowledges it;
                      a killed worker loses every message it had popped, running or waiting for a
-                     thread (the Receiver takes up to max_async_tasks ahead): at-most-once.
+                     thread (the Receiver takes up to max_async_tasks ahead): at-most-once. Its BRPOP
+                     has no timeout but redis-py 8 reads with a 5 s socket_timeout, which listen()
+                     does not catch: a worker idle for 5 s exits (taskiq-redis #127); `taskiq
+                     worker` restarts it, as crashbench's supervisor does.
     taskiq:stream    RedisStreamBroker as installed: XREADGROUP 100 entries at a time, XACK when the
                      task is done (the Receiver's default ack_type WHEN_SAVED: after the result is
-                     saved, here with no result backend right after the task); XAUTOCLAIM of entries
-                     idle idle_timeout = 10 min, so a job longer than that runs twice at once.
+                     saved, with no result backend right after the task); XAUTOCLAIM of entries idle
+                     idle_timeout = 10 min, so a job longer than that runs twice at once.
     taskiq:reliable  idle_timeout = job_timeout() (above the longest job), xread_count 1.
 
-How often the claim runs decides recovery: the broker's listen() runs XAUTOCLAIM only after an
-XREADGROUP that returned new entries, once per batch of xread_count. On a stream whose every entry
-was read, nothing is claimed however long a dead worker's entries wait: they are stranded until a
-producer adds work. xread_count 1 makes a pass per message while there is any; nothing can make one
-run on an idle stream. A task that raised is acked and forgotten (no retry middleware installed).
+An entry is idle from its delivery to its XACK, waiting for a thread included: with 100 tasks on
+fewer threads a worker's own prefetched entries can go idle too (config_warnings says when).
+The claim runs only after an XREADGROUP that returned new entries, once per xread_count of them:
+on a stream whose every entry was read, nothing is claimed however long a dead worker's entries
+wait, until a producer adds work. xread_count 1 makes a pass per message while there are any;
+no setting makes one run on an idle stream. A task that raised is acked and forgotten.
 
 [library."<design>"] entries go to taskiq's Receiver when they are its arguments (max_async_tasks,
 max_prefetch, ack_type, ...), to the thread pool as max_threadpool_threads, else to the broker.
@@ -100,13 +104,13 @@ class TaskiqList(LibraryDesign):
 
     def _broker(self) -> AsyncBroker:
         broker = self.make_broker()
-        broker.register_task(crashbench_handle, task_name=TASK)
+        broker.register_task(crashbench_handle, task_name=TASK)  # what @broker.task does
         return broker
 
     def handlers(self) -> tuple[int, int]:
         """(max_async_tasks, thread pool size): a sync task runs once it holds both."""
         tasks = self.receiver_options.get("max_async_tasks", self.concurrency())
-        return tasks, self.threads or min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
+        return tasks, self.threads or min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default (3.8-3.12)
 
     def configuration(self) -> dict[str, Any]:
         tasks, threads = self.handlers()
@@ -206,24 +210,22 @@ class TaskiqStream(TaskiqList):
         }
 
     def config_warnings(self) -> list[str]:
-        tasks, threads = self.handlers()
-        # A message waits for a thread behind up to tasks / threads - 1 others, idle all the while.
-        waited = math.ceil(tasks / threads) * self.settings.longest_job
-        warnings = self.library_timeout_warning(
-            "idle_timeout", self.idle_timeout(), "a job still running is claimed by another worker and runs twice"
-        )
-        if not warnings and waited >= self.idle_timeout():
-            warnings.append(
-                f"{self.name}: a message waits up to {waited:g} s for one of {threads} threads behind "
-                f"max_async_tasks {tasks}, not below idle_timeout {self.idle_timeout():g} s: "
-                "it is claimed by another worker and runs twice"
-            )
-        return warnings
+        idle, (tasks, threads) = self.idle_timeout(), self.handlers()
+        twice = "claimed by another worker while it still runs, it runs twice"
+        if warnings := self.library_timeout_warning("idle_timeout", idle, "a job is " + twice):
+            return warnings
+        # Idle from delivery to ack: a message the Receiver took waits for a thread behind the others.
+        if (waited := math.ceil(tasks / threads) * self.settings.longest_job) >= idle:
+            return [f"{self.name}: max_async_tasks {tasks} on {threads} threads: a message taken ahead can wait "
+                    f"up to {waited:g} s for its ack, not below idle_timeout {idle:g} s: " + twice]  # fmt: skip
+        return []
+
+    def _group(self) -> dict[str, Any] | None:
+        groups = self.r.xinfo_groups(self.stream) if self.r.exists(self.stream) else []
+        return next((g for g in groups if g["name"] == self.group), None)
 
     def backlog(self) -> int:
-        groups = self.r.xinfo_groups(self.stream) if self.r.exists(self.stream) else []
-        group = next((g for g in groups if g["name"] == self.group), None)
-        if group is None:
+        if (group := self._group()) is None:
             return int(self.r.xlen(self.stream))
         lag = group.get("lag")
         if lag is None:  # Redis cannot tell after a deletion: count what follows last-delivered-id
@@ -231,30 +233,20 @@ class TaskiqStream(TaskiqList):
         return int(group["pending"] + lag)
 
     def state(self) -> QueueState:
-        held: dict[str, str] = {}
-        groups = self.r.xinfo_groups(self.stream) if self.r.exists(self.stream) else []
-        group = next((g for g in groups if g["name"] == self.group), None)
+        group = self._group()
         start = "-" if group is None else "(" + group["last-delivered-id"]
-        for _, fields in self.r.xrange(self.stream, start, "+"):
-            if job := _message_job(fields.get("data")):
-                held[job] = "stream"
-        if group is not None:
-            for p in self.r.xpending_range(self.stream, self.group, min="-", max="+", count=1_000_000):
-                for _, fields in self.r.xrange(self.stream, p["message_id"], p["message_id"]):
-                    if job := _message_job(fields.get("data")):
-                        held[job] = f"pel:{p['consumer']}"
-        return QueueState(held=held)
+        places = [("stream", fields) for _, fields in self.r.xrange(self.stream, start, "+")]  # undelivered
+        for p in self.r.xpending_range(self.stream, self.group, "-", "+", 1_000_000) if group else ():
+            eid = p["message_id"]
+            places += [(f"pel:{p['consumer']}", fields) for _, fields in self.r.xrange(self.stream, eid, eid)]
+        return QueueState(held={job: where for where, fields in places if (job := _message_job(fields.get("data")))})
 
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
         stream = snapshot.keys.get(self.stream)
-        if stream is None or stream.type != "stream":
-            return found
-        if stream.groups and not any(g.name == self.group for g in stream.groups):
-            return found  # somebody else's group: ours was never created, so no worker reads it
-        for where, _, fields in stream.stream_places():
+        for where, _, fields in stream.stream_places() if stream is not None and stream.type == "stream" else ():
             if fields is not None and (job := _message_job(fields.get(b"data"))) is not None:
-                found.add(job, where or "stream")
+                found.add(job, where or "stream")  # "pel:<consumer>" once delivered, until acked
         return found
 
     def key_patterns(self) -> list[str]:
