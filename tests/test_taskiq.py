@@ -37,7 +37,7 @@ def test_taskiq_without_kills_runs_every_job_exactly_once_and_leaves_no_key(
 def _killed(small: Scenario, design: str) -> tuple:
     # One handler per worker, so that each kill interrupts one job and the worker holds no other:
     # max_async_tasks 1 also stops the Receiver taking messages ahead of the one it runs.
-    sc = dataclasses.replace(small, jobs=400, job_ms=20, kills=3, interval=0.15, concurrency=1, drain_timeout=8)
+    sc = dataclasses.replace(small, jobs=500, job_ms=20, kills=3, interval=0.15, concurrency=1, drain_timeout=8)
     run = run_designs(sc, [design], Options()).runs[0]
     assert run.problems == []
     assert run.counts.kills_mid_job == 3, run.kills
@@ -55,7 +55,7 @@ def test_taskiq_list_broker_loses_exactly_the_killed_jobs(small: Scenario) -> No
 
 def test_taskiq_reliable_claims_the_killed_jobs_back(small: Scenario) -> None:
     # The dead consumer's entries stay pending; once idle for idle_timeout (~1 s here), a live
-    # worker's claim pass, which follows each read of a new entry, takes them while 2 s of work remain.
+    # worker's claim pass, which follows each read of a new entry, takes them while 2.5 s of work remain.
     run, c, killed = _killed(small, "taskiq:reliable")
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
