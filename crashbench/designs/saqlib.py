@@ -24,11 +24,21 @@ aborts the job (out of every list), waits up to 5 s (fixed in saq) for its worke
 retries it if `retries > attempts` (back to `queued`), else finishes it ABORTED. A handler that
 raises is retried the same way, else finished FAILED. A heartbeat is saq's `touched`: the job
 function itself must write it (`await job.update()`), which ours does every heartbeat / 2 s.
+The sweep also takes a job a live worker has just moved to `active` but not yet marked active
+(tobymao/saq#124), and it acts on the copies it read, one job after another, 5 s each: a job that
+ended meanwhile looks stuck by then and is aborted from its stale copy (attempts 0 if it was
+"queued"), so it is retried (run again) or recorded aborted although it completed. A sweep whose
+worker is killed during its 5 s wait leaves the job "aborting" in no list: nothing delivers it.
+SIGTERM / SIGINT stop the Worker as the `saq` command does: running jobs are cancelled at once and
+retried (shutdown_grace_period_s is unset), while their handler threads run on.
 
     saq            as installed: timeout 10 s, heartbeat 0 (off), retries 1 (a single attempt),
-                   sweep every 60 s: a killed worker's jobs are ABORTED, never run again, 10-75 s on
+                   sweep every 60 s: a killed worker's jobs are ABORTED, never run again, 15-75 s
+                   after the kill plus 5 s for each job ahead of them in the sweep
     saq:reliable   timeout = job_timeout(), heartbeat = stale_after (whole seconds), retries =
                    max_attempts, sweep every 1 s: a killed job runs again ~heartbeat + 1 + 5 s on
+                   when it is first in its sweep (a heartbeat this short makes every later copy
+                   in that sweep look stuck: they are run again)
 
 Both run saq's default concurrency (10 jobs per worker process); [library."<design>"] sets Job
 fields (timeout, heartbeat, retries, ttl, retry_delay, retry_backoff) and any other Worker argument
@@ -94,7 +104,7 @@ def _body(raw: bytes | str) -> dict[str, Any]:
 
 class SaqQueue(LibraryDesign):
     name = "saq"
-    summary = "saq as installed: a killed worker's jobs are swept after 10-75 s and ABORTED (retries 1)"
+    summary = "saq as installed: a killed worker's jobs are swept after 15-75 s and ABORTED (retries 1)"
     library = "saq"
     namespaced = False
     reliable: ClassVar[bool] = False
@@ -109,6 +119,8 @@ class SaqQueue(LibraryDesign):
         self.keys = {k: f"saq:{self.queue}:{k}" for k in ("incomplete", "queued", "active")}
         self.ids = f"saq:job:{self.queue}:{prefix}"  # saq id = this + crashbench's id
         self.enqueue_script = client.register_script(ENQUEUE)
+        self._aborting = (0, 0.0)  # backlog(): jobs a sweep has in hand, and until when that count stands
+        self._aborting_since: dict[str, float] = {}  # ... and when each was first seen so, key expired
 
     def job_options(self) -> dict[str, Any]:
         """The Job fields every job is enqueued with: ours, then the scenario's."""
@@ -127,10 +139,6 @@ class SaqQueue(LibraryDesign):
         """saq Worker arguments: ours, then the scenario's (its `timers` merged into ours)."""
         timers = {"sweep": 1} if self.reliable else {}
         options: dict[str, Any] = {"concurrency": self.concurrency()}
-        if self.reliable:
-            # A graceful stop (SIGTERM) lets running jobs end; saq's default cancels them at once and
-            # retries them, while their handler threads run on (the job would run twice).
-            options["shutdown_grace_period_s"] = math.ceil(self.job_timeout())
         options.update((k, v) for k, v in self.settings.options.items() if k not in JOB_FIELDS)
         options["timers"] = {**timers, **options.get("timers", {})}
         return options
@@ -146,7 +154,10 @@ class SaqQueue(LibraryDesign):
         return found + sweep + SWEEP_ABORT_WAIT_S
 
     def observe_window(self) -> float:
-        return observe_for(self._redelivery_s())
+        # The sweep waits on a dead worker's jobs one after another: its last one is decided
+        # (concurrency - 1) x 5 s after its first, with no handler starting meanwhile as installed.
+        rest = (self.worker_options()["concurrency"] - 1) * SWEEP_ABORT_WAIT_S
+        return observe_for(self._redelivery_s() + rest)
 
     def configuration(self) -> dict[str, Any]:
         return {
@@ -202,10 +213,32 @@ class SaqQueue(LibraryDesign):
     def backlog(self) -> int:
         pipe = self.r.pipeline(transaction=False)
         pipe.zcard(self.keys["incomplete"]).llen(self.keys["active"])
-        held = sum(pipe.execute())
-        # A job being swept is in no list for up to 5 s, until the sweep retries or finishes it; its
-        # abort key lives as long. Only scanned when the lists are empty, at the end of a run.
-        return held or sum(1 for _ in self.r.scan_iter(match=f"saq:abort:{self.prefix}*", count=1000))
+        if held := sum(pipe.execute()):
+            return held
+        # A job a sweep has in hand is in no list until the sweep retries or finishes it: its abort
+        # key marks it for 5 s, its body's status "aborting" until then (the sweep decides a few ms
+        # after the key expires). Read only once the lists are empty, at the end of a run.
+        if aborts := sum(1 for _ in self.r.scan_iter(match=f"saq:abort:{self.prefix}*", count=1000)):
+            return aborts
+        now = time.monotonic()
+        if now < self._aborting[1]:  # bodies are costly to read: a count found stands 0.25 s
+            return self._aborting[0]
+        aborting = [n for n, body in self._bodies().items() if _body(body).get("status") == "aborting"]
+        # One still "aborting" a second after its key expired lost its sweep (a killed worker): nothing
+        # will ever decide it, and it is in no list, so the queue no longer holds it.
+        self._aborting_since = {n: self._aborting_since.get(n, now) for n in aborting}
+        deciding = sum(1 for n in aborting if now - self._aborting_since[n] < 1.0)
+        self._aborting = (deciding, now + 0.25 if deciding else 0.0)
+        return deciding
+
+    def _bodies(self) -> dict[str, str]:
+        """saq id -> stored job, for every job body of this run."""
+        names = list(self.r.scan_iter(match=self.ids + "*", count=1000))
+        found: dict[str, str] = {}
+        for i in range(0, len(names), 1000):
+            chunk = names[i : i + 1000]
+            found |= {n: raw for n, raw in zip(chunk, self.r.mget(chunk), strict=True) if raw is not None}
+        return found
 
     def _places(self, queued: list[str], active: list[str], incomplete: list[str]) -> list[tuple[str, str]]:
         """(saq id, where) for every place a job sits: each entry of `queued` and `active`, and
@@ -230,11 +263,7 @@ class SaqQueue(LibraryDesign):
         names = sorted({i for i, _ in places})
         bodies = dict(zip(names, self.r.mget(names), strict=True)) if names else {}
         held = {i.removeprefix(self.ids): w for i, w in places if i.startswith(self.ids) and bodies.get(i)}
-        failed = set()
-        for name in self.r.scan_iter(match=self.ids + "*", count=1000):
-            raw = self.r.get(name)
-            if raw is not None and _body(raw).get("status") in FAILED:
-                failed.add(name.removeprefix(self.ids))
+        failed = {n.removeprefix(self.ids) for n, raw in self._bodies().items() if _body(raw).get("status") in FAILED}
         return QueueState(held=held, failed=failed)
 
     def key_patterns(self) -> list[str]:
