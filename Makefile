@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs scenarios inspector-cost clean
+.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,21 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario, as shipped, against
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py results/readme/saboteurs
+
+# The README's library table: every adapter on the default scenario, 2 seeds each, one result file per
+# design in results/readme/libraries (about an hour: the as-installed configurations wait out 300 s
+# windows), and its throughput without kills (3 runs each) in results/readme/libraries-throughput.
+LIBRARIES := rq rq:reliable celery celery:acks-late dramatiq dramatiq:reliable huey taskiq taskiq:stream taskiq:reliable
+WP_LIBRARIES := arq arq:reliable saq saq:reliable
+libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenario, 2 seeds, shipped concurrency)
+	set -e; for d in $(LIBRARIES); do \
+	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries; \
+	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput; done
+	set -e; for d in $(WP_LIBRARIES); do \
+	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries --worker-python $(ARQ_PY); \
+	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
+	    --worker-python $(ARQ_PY); done
+	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 	$(BIN)/python bench/inspector_cost.py

@@ -33,13 +33,16 @@ recorded failed (TimeoutError), although its handler thread may still finish.
                    job_timeout + 10 s, the 10 s fixed by arq)
 
 Both run arq's shipped max_jobs = 10 concurrent jobs per worker process (queue.concurrency changes
-it); [library."<design>"] overrides any Worker argument, max_jobs included.
+it); [library."<design>"] overrides any Worker argument, max_jobs included. The synchronous handler
+runs through asyncio.to_thread, so at most min(32, CPUs + 4) of them at once (the loop's default
+executor); a job waiting there for a thread counts against job_timeout and can time out unstarted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -133,8 +136,11 @@ class ArqQueue(LibraryDesign):
 
     def configuration(self) -> dict[str, Any]:
         options = self.worker_options()
+        # The handler runs through asyncio.to_thread: at most the loop's default executor's threads at once.
+        threads = min(32, (os.cpu_count() or 1) + 4)
         return {
-            "concurrency": options["max_jobs"], "job_timeout_s": float(options.get("job_timeout", ARQ_JOB_TIMEOUT)),
+            "concurrency": min(options["max_jobs"], threads), "max_jobs": options["max_jobs"],
+            "job_timeout_s": float(options.get("job_timeout", ARQ_JOB_TIMEOUT)),
             "max_tries": options.get("max_tries", 5), "redelivery_s": self._redelivery_s(),
         }  # fmt: skip
 

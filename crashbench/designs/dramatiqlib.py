@@ -122,7 +122,8 @@ class DramatiqQueue(LibraryDesign):
     def config_warnings(self) -> list[str]:
         return self.library_timeout_warning(
             "heartbeat_timeout", self.broker.heartbeat_timeout / 1000,
-            "a worker busy with long jobs sends no heartbeat, so maintenance gives its running jobs to others",
+            "a worker whose threads and prefetch are all taken by long jobs sends no heartbeat, so maintenance"
+            " gives its running jobs to others",
         )  # fmt: skip
 
     def enqueue(self, jobs: Sequence[Job]) -> None:

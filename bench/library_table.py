@@ -1,0 +1,76 @@
+"""The README's library table from the result files `make libraries` writes: one row per design (the
+newest result of each), every figure the median of its seeds with (min-max) where they differ, and
+jobs/s from the runs without kills.
+
+    python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from crashbench.results import DesignRun, Result, spread
+
+ORDER = (
+    "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable", "huey",
+    "arq", "arq:reliable", "taskiq", "taskiq:stream", "taskiq:reliable", "saq", "saq:reliable",
+)  # fmt: skip
+COUNTS = ("done", "lost", "duplicated", "failed", "stranded", "undrained", "library_disagrees")
+
+
+def _seconds(ms: float) -> str:
+    return "never" if math.isinf(ms) else f"{ms / 1000:.1f}"
+
+
+def _recovery(runs: list[DesignRun]) -> str:
+    p50 = spread([r.timings.recovery_ms_p50 for r in runs], _seconds)
+    top = spread([r.timings.recovery_ms_max for r in runs], _seconds)
+    return "-" if p50 == "-" else f"{p50} / {top} s"
+
+
+def _where(runs: list[DesignRun]) -> str:
+    places = sorted({p for r in runs for p in r.counts.stranded_at})
+    return f" ({', '.join(places)})" if places else ""
+
+
+def newest(directory: Path) -> dict[str, Result]:
+    found: dict[str, Result] = {}
+    for path in sorted(directory.glob("*.json")):  # ids start with the date: later files win
+        result = Result.from_dict(json.loads(path.read_text()))
+        found[result.runs[0].design] = result
+    return found
+
+
+def table(results: dict[str, Result], throughput: dict[str, Result]) -> str:
+    head = ["design", "concurrency", *[c.replace("_", " ") for c in COUNTS], "recovery p50 / max", "window"]
+    head.append("jobs/s without kills")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for design in sorted(results, key=lambda d: ORDER.index(d) if d in ORDER else len(ORDER)):
+        runs = results[design].runs
+        cells = [f"`{design}`", str(runs[0].configuration.get("concurrency", "-"))]
+        for name in COUNTS:
+            cell = spread([getattr(r.counts, name) for r in runs])
+            cells.append(cell + (_where(runs) if name == "stranded" and cell != "0" else ""))
+        cells += [_recovery(runs), f"{runs[0].timings.window_s:g} s"]
+        plain = throughput[design].runs if design in throughput else []
+        cells.append(spread([round(r.timings.jobs_per_s) for r in plain]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    directory = Path(sys.argv[1] if len(sys.argv) > 1 else "results/readme/libraries")
+    throughput = Path(sys.argv[2] if len(sys.argv) > 2 else "results/readme/libraries-throughput")
+    results = newest(directory)
+    if not results:
+        sys.exit(f"no result files in {directory}: run `make libraries`")
+    print(table(results, newest(throughput) if throughput.is_dir() else {}))
+    seeds = sorted({r.seed for res in results.values() for r in res.runs})
+    print(f"\n{len(results)} designs, seeds {', '.join(map(str, seeds))}; files in {directory}")
+
+
+if __name__ == "__main__":
+    main()
