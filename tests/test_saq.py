@@ -73,8 +73,10 @@ def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
     # memory: a kill landing on that worker meanwhile (the start-up sweep's, here) loses that job.
     assert c.lost <= 1 and c.done + c.lost == c.enqueued == 150, run.jobs["lost"]
     for k in run.kills:
-        if k.job not in run.jobs["lost"]:  # every other killed job ran again, after the sweep's 5 s wait
-            assert k.recovered_after_ms is not None and 5_000 <= k.recovered_after_ms < 30_000, run.kills
+        # Every other killed job ran again: after its sweep's 5 s wait, or sooner when the start-up
+        # sweep had taken it already (it retries what it took, whether or not its worker died).
+        if k.job not in run.jobs["lost"]:
+            assert k.recovered_after_ms is not None and k.recovered_after_ms < 30_000, run.kills
 
 
 def test_config_warnings_and_configuration_follow_saq_defaults() -> None:
