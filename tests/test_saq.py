@@ -156,7 +156,14 @@ def test_backlog_waits_for_a_job_a_sweep_has_in_hand(client: redis.Redis) -> Non
         client.delete(f"saq:abort:{d.prefix}000001")  # the key expired; the sweep decides in a few ms
         assert d.backlog() == 2
         d._aborting = (0, 0.0)  # type: ignore[attr-defined]
-        d._aborting_since[saq_id] -= 1.5  # type: ignore[attr-defined]  # 000001 undecided 1.5 s: orphaned
+        d._aborting_since[saq_id] -= 10.5  # type: ignore[attr-defined]  # 000001 undecided 10.5 s: orphaned
         assert d.backlog() == 1
+        # Finished aborted with retries left: the sweep retries it next; with none left, it is over.
+        client.set(d.ids + "000002", json.dumps({"status": "aborted", "retries": 3, "attempts": 1}))  # type: ignore[attr-defined]
+        d._aborting = (0, 0.0)  # type: ignore[attr-defined]
+        assert d.backlog() == 1
+        client.set(d.ids + "000002", json.dumps({"status": "aborted", "retries": 3, "attempts": 3}))  # type: ignore[attr-defined]
+        d._aborting = (0, 0.0)  # type: ignore[attr-defined]
+        assert d.backlog() == 0
     finally:
         client.delete(*client.keys(f"saq*{d.prefix}*"))

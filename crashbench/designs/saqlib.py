@@ -102,6 +102,12 @@ def _body(raw: bytes | str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _in_sweep(body: dict[str, Any]) -> bool:
+    """Whether a sweep may still retry this job: it is aborting, or aborted with retries left."""
+    retries, attempts = body.get("retries", JOB_DEFAULTS["retries"]), body.get("attempts", 0)
+    return body.get("status") == "aborting" or (body.get("status") == "aborted" and retries > attempts)
+
+
 class SaqQueue(LibraryDesign):
     name = "saq"
     summary = "saq as installed: a killed worker's jobs are swept after 15-75 s and ABORTED (retries 1)"
@@ -216,18 +222,19 @@ class SaqQueue(LibraryDesign):
         if held := sum(pipe.execute()):
             return held
         # A job a sweep has in hand is in no list until the sweep retries or finishes it: its abort
-        # key marks it for 5 s, its body's status "aborting" until then (the sweep decides a few ms
-        # after the key expires). Read only once the lists are empty, at the end of a run.
+        # key marks it for 5 s, then its body: "aborting" (the wait restarts on every status message),
+        # or "aborted" with retries left (a queued job is finished aborted, then retried). Read only
+        # once the lists are empty, at the end of a run.
         if aborts := sum(1 for _ in self.r.scan_iter(match=f"saq:abort:{self.prefix}*", count=1000)):
             return aborts
         now = time.monotonic()
         if now < self._aborting[1]:  # bodies are costly to read: a count found stands 0.25 s
             return self._aborting[0]
-        aborting = [n for n, body in self._bodies().items() if _body(body).get("status") == "aborting"]
-        # One still "aborting" a second after its key expired lost its sweep (a killed worker): nothing
-        # will ever decide it, and it is in no list, so the queue no longer holds it.
+        aborting = [n for n, raw in self._bodies().items() if _in_sweep(_body(raw))]
+        # One still so two waits after its key expired lost its sweep (a killed worker): nothing will
+        # ever decide it, and it is in no list, so the queue no longer holds it.
         self._aborting_since = {n: self._aborting_since.get(n, now) for n in aborting}
-        deciding = sum(1 for n in aborting if now - self._aborting_since[n] < 1.0)
+        deciding = sum(1 for n in aborting if now - self._aborting_since[n] < 2 * SWEEP_ABORT_WAIT_S)
         self._aborting = (deciding, now + 0.25 if deciding else 0.0)
         return deciding
 
