@@ -217,9 +217,13 @@ class SaqQueue(LibraryDesign):
         asyncio.new_event_loop().run_until_complete(main())
 
     def backlog(self) -> int:
+        # `incomplete` holds every job not ended, but not always: a job a stale sweep retried while it
+        # still ran is in `queued` once its finish took it out of `incomplete`. Hence the lists too.
         pipe = self.r.pipeline(transaction=False)
-        pipe.zcard(self.keys["incomplete"]).llen(self.keys["active"])
-        if held := sum(pipe.execute()):
+        incomplete, active, queued = (
+            pipe.zcard(self.keys["incomplete"]).llen(self.keys["active"]).llen(self.keys["queued"]).execute()
+        )
+        if held := max(incomplete, active + queued):
             return held
         # A job a sweep has in hand is in no list until the sweep retries or finishes it: its abort
         # key marks it for 5 s, then its body: "aborting" (the wait restarts on every status message),
