@@ -18,7 +18,7 @@ ORDER = (
     "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable", "huey",
     "arq", "arq:reliable", "taskiq", "taskiq:stream", "taskiq:reliable", "saq", "saq:reliable",
 )  # fmt: skip
-COUNTS = ("done", "lost", "duplicated", "failed", "stranded", "undrained", "library_disagrees")
+COUNTS = ("done", "lost", "duplicated", "failed", "stranded", "library_disagrees")
 
 
 def _seconds(ms: float) -> str:
@@ -28,7 +28,9 @@ def _seconds(ms: float) -> str:
 def _recovery(runs: list[DesignRun]) -> str:
     p50 = spread([r.timings.recovery_ms_p50 for r in runs], _seconds)
     top = spread([r.timings.recovery_ms_max for r in runs], _seconds)
-    return "-" if p50 == "-" else f"{p50} / {top} s"
+    if p50 == "-" or p50 == top == "never":
+        return p50
+    return f"{p50} / {top} s"
 
 
 def _where(runs: list[DesignRun]) -> str:

@@ -41,7 +41,7 @@ def _killed(small: Scenario, design: str) -> tuple:
     run = run_designs(sc, [design], Options()).runs[0]
     assert run.problems == []
     assert run.counts.kills_mid_job == 3, run.kills
-    assert run.configuration["handlers"] == 1
+    assert run.configuration["concurrency"] == 1
     return run, run.counts, {k.job for k in run.kills}
 
 

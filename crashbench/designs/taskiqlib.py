@@ -114,7 +114,8 @@ class TaskiqList(LibraryDesign):
 
     def configuration(self) -> dict[str, Any]:
         tasks, threads = self.handlers()
-        return {"max_async_tasks": tasks, "threads": threads, "handlers": min(tasks, threads), "ack": "none (BRPOP)"}
+        # "concurrency": the handlers running at once (LibraryDesign.configuration's key).
+        return {"max_async_tasks": tasks, "threads": threads, "concurrency": min(tasks, threads), "ack": "none (BRPOP)"}
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         asyncio.run(self._kick([job.id for job in jobs]))
