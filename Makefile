@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 $(ARQ_STAMP): Makefile | $(STAMP)
 	$(PY) -m venv $(VENV)/arq
-	$(ARQ_PY) -m pip install -q 'arq>=0.26,<0.29' 'saq[redis]>=0.26,<0.27'
+	$(ARQ_PY) -m pip install -q 'arq>=0.26,<0.29' 'saq[redis]>=0.26,<0.27' typing_extensions  # saq imports it undeclared
 	touch $(ARQ_STAMP)
 
 compare: $(STAMP)  ## crashbench compare on the default scenario, embedded server
