@@ -61,12 +61,12 @@ def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
     # The heartbeat (1 s) finds it stuck, a sweep (every 1 s) aborts it, waits 5 s on its dead worker,
     # then retries it. Two workers keep the sweep's list short: it goes through it one job after another.
     sc = dataclasses.replace(
-        small, jobs=150, job_ms=20, workers=2, kills=3, interval=0.15, concurrency=1, drain_timeout=20
+        small, jobs=150, job_ms=20, workers=2, kills=2, interval=0.15, concurrency=1, drain_timeout=20
     )
     run = run_designs(sc, ["saq:reliable"], Options(worker_python=saq_python())).runs[0]
     c = run.counts
     assert run.problems == []
-    assert c.kills_mid_job == 3 and c.interrupted == 3, run.kills
+    assert c.kills_mid_job == 2 and c.interrupted == 2, run.kills
     assert (c.stranded, c.failed, c.dead_lettered) == (0, 0, 0)
     assert run.jobs["stranded"] == run.jobs["undrained"] == run.jobs["failed"] == []
     # A sweep takes its job out of every list before it decides, and decides 5 s later in its worker's
