@@ -25,9 +25,14 @@ def _seconds(ms: float) -> str:
     return "never" if math.isinf(ms) else f"{ms / 1000:.1f}"
 
 
+def _tenths(ms: float | None) -> float | None:
+    """To the 0.1 s shown, so that seeds which differ only below it show as one value."""
+    return ms if ms is None or math.isinf(ms) else round(ms, -2)
+
+
 def _recovery(runs: list[DesignRun]) -> str:
-    p50 = spread([r.timings.recovery_ms_p50 for r in runs], _seconds)
-    top = spread([r.timings.recovery_ms_max for r in runs], _seconds)
+    p50 = spread([_tenths(r.timings.recovery_ms_p50) for r in runs], _seconds)
+    top = spread([_tenths(r.timings.recovery_ms_max) for r in runs], _seconds)
     if p50 == "-" or p50 == top == "never":
         return p50
     return f"{p50} / {top} s"
