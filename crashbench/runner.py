@@ -402,6 +402,7 @@ class CrashRun:
         on forever. At most 10 windows after the last fault, whatever happens: a drain that hits that
         bound while handlers still start is `cut_off`, its backlog undrained rather than stranded."""
         next_check = 0.0
+        settle, empty_since = self.design.SETTLE_S, None  # drained once empty for `settle` seconds
         deadline, hard = faults_end + self.window, faults_end + 10 * self.window
         started = len(self.ledger.executions)
         while (now := self.clock()) < min(deadline, hard):
@@ -412,7 +413,9 @@ class CrashRun:
             if now >= next_check:
                 next_check = now + 0.02
                 busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
-                if not busy and self._tolerant(self.design.backlog, -1) == 0:
+                if busy or self._tolerant(self.design.backlog, -1) != 0:
+                    empty_since = None
+                elif now - (empty_since := empty_since if empty_since is not None else now) >= settle:
                     return True
             time.sleep(self.TICK)
         self.cut_off = deadline > hard  # a handler started within the last window: still making progress

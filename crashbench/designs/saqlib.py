@@ -115,6 +115,9 @@ class SaqQueue(LibraryDesign):
     namespaced = False
     reliable: ClassVar[bool] = False
     DEFAULT_CONCURRENCY = 10  # saq.worker.Worker(concurrency=10)
+    # A sweep takes a job out of every list and decides on it up to 5 s later (longer when status
+    # messages restart its wait): backlog() may miss it meanwhile, so a drain waits that long on 0.
+    SETTLE_S = SWEEP_ABORT_WAIT_S + 1.0
     # A job that raised, or was swept, with no retry left keeps its body, status failed / aborted,
     # for its ttl (600 s): saq's record of the failure. (With ttl -1 saq deletes it: then lost.)
     drops_failed = False
