@@ -406,3 +406,28 @@ def test_write_exports_without_step_summary(repeated: Result, tmp_path: Path) ->
     assert write_exports(repeated, None, md_path, None, environ={}) == [md_path]
     assert md_path.read_text(encoding="utf-8") == markdown(repeated)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]
+
+
+def test_the_table_names_library_settings_warnings_disagreements_and_an_undrained_backlog() -> None:
+    from rich.console import Console
+
+    from crashbench.render import result_table
+
+    lib = run("arq:reliable", undrained=40)
+    lib.timings.cut_off = True
+    lib.configuration = {"concurrency": 6, "job_timeout_s": 1.0}
+    lib.warnings = ["arq:reliable: job_timeout 1 s is not above the longest job (3 s): arq cancels a job"]
+    lib.counts.library_disagrees = 2
+    lib.jobs = {"library_disagrees": ["000003", "000007"]}
+    stuck = run("rq", undrained=5)
+    shown = result([lib, stuck], [])
+    shown.scenario = {**SCENARIO, "kill_when": "mid-job", "signal": "SIGKILL"}
+    console = Console(width=200, record=True)
+    console.print(result_table(shown))
+    text = console.export_text()
+    assert "arq:reliable: library settings: concurrency 6, job_timeout_s 1" in text
+    assert "! arq:reliable: job_timeout 1 s is not above the longest job (3 s)" in text
+    assert "2 jobs the library recorded otherwise than the ledger" in text and "000003, 000007" in text
+    assert "arq:reliable: 40 jobs undrained: the drain stopped at its bound (300 s after the last fault)" in text
+    assert "rq: jobs still held 30 s after the last handler started (stranded" in text
+    assert "arq:reliable: jobs still held" not in text  # a cut-off drain is not called stranded
