@@ -16,20 +16,22 @@ Built-in designs are imported lazily, so a worker only imports the module it run
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import json
 import re
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
+from crashbench.designs.located import Entry as Entry  # re-exported: designs import it from here
+from crashbench.designs.located import Located as Located
+from crashbench.designs.located import key_entries, matches
 from crashbench.errors import UsageError
-from crashbench.inspector import Snapshot, StoredKey
+from crashbench.inspector import Snapshot
 
 if TYPE_CHECKING:
     import redis
@@ -95,50 +97,6 @@ class QueueState:
     poisoned: set[str] = field(default_factory=set)  # dead-lettered because the handler kept failing
     requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
     requeue_events: int = 0  # how many times recovery gave a job back, in all
-
-
-Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
-
-
-@dataclass(slots=True)
-class Located:
-    """Where the harness found each job in its own reading of Redis (crashbench.inspector)."""
-
-    held: dict[str, list[str]] = field(default_factory=dict)  # job -> every place a copy sits (not dead)
-    dead: dict[str, list[str]] = field(default_factory=dict)  # job -> the dead-letter places it sits in
-    delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
-    failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
-    succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
-
-    def add(self, job: str, where: str, kind: str = "held") -> None:
-        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""
-        if kind == "dead":
-            self.dead.setdefault(job, []).append(where)
-        elif kind == "failed":
-            self.failed.add(job)
-        elif kind == "succeeded":
-            self.succeeded.add(job)
-        else:
-            self.held.setdefault(job, []).append(where)
-            if kind == "delayed":
-                self.delayed.add(job)
-
-
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def key_entries(key: StoredKey, rel: str) -> Iterator[tuple[str, Entry]]:
-    """(where, entry) for every entry of a key that can hold a job: list / set / sorted-set members,
-    hash values, a string's value, and the stream entries a consumer group still owes."""
-    if key.type == "stream":
-        for where, _, fields in key.stream_places():
-            if fields is not None:
-                yield where or rel, fields
-        return
-    values = key.fields.values() if key.type == "hash" else key.items
-    for v in values:
-        yield rel, v
 
 
 class Design(ABC):
@@ -274,9 +232,9 @@ class Design(ABC):
         found = Located()
         for key in snapshot.keys.values():
             rel = key.name.removeprefix(self.prefix)
-            if _matches(rel, self.BOOKKEEPING):
+            if matches(rel, self.BOOKKEEPING):
                 continue
-            kind = "dead" if _matches(rel, self.DEAD_LETTERS) else "delayed" if _matches(rel, self.DELAYED) else "held"
+            kind = "dead" if matches(rel, self.DEAD_LETTERS) else "delayed" if matches(rel, self.DELAYED) else "held"
             for where, entry in key_entries(key, rel):
                 job = self.job_of(rel, entry)
                 if job is not None:

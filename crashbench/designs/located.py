@@ -1,0 +1,53 @@
+"""Where the harness found each job in its own reading of Redis, and how a stored key's entries are
+walked: the vocabulary `Design.locate` answers in (crashbench.inspector reads, a design maps)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from crashbench.inspector import StoredKey
+
+Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
+
+
+@dataclass(slots=True)
+class Located:
+    """Where the harness found each job in its own reading of Redis (crashbench.inspector)."""
+
+    held: dict[str, list[str]] = field(default_factory=dict)  # job -> every place a copy sits (not dead)
+    dead: dict[str, list[str]] = field(default_factory=dict)  # job -> the dead-letter places it sits in
+    delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
+    failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
+    succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
+
+    def add(self, job: str, where: str, kind: str = "held") -> None:
+        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""
+        if kind == "dead":
+            self.dead.setdefault(job, []).append(where)
+        elif kind == "failed":
+            self.failed.add(job)
+        elif kind == "succeeded":
+            self.succeeded.add(job)
+        else:
+            self.held.setdefault(job, []).append(where)
+            if kind == "delayed":
+                self.delayed.add(job)
+
+
+def matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def key_entries(key: StoredKey, rel: str) -> Iterator[tuple[str, Entry]]:
+    """(where, entry) for every entry of a key that can hold a job: list / set / sorted-set members,
+    hash values, a string's value, and the stream entries a consumer group still owes."""
+    if key.type == "stream":
+        for where, _, fields in key.stream_places():
+            if fields is not None:
+                yield where or rel, fields
+        return
+    values = key.fields.values() if key.type == "hash" else key.items
+    for v in values:
+        yield rel, v
