@@ -47,6 +47,9 @@ class KillRecord:
     replacement: str | None  # None for a pause: the worker keeps its slot
     replacement_ready_ms: float | None = None  # kill -> replacement's READY
     recovered_after_ms: float | None = None  # fault -> the interrupted job's next start (None: never ran again)
+    # Every job whose handler the fault interrupted (a worker running several at once: threads, a pool);
+    # `job` is the most recently started of them.
+    jobs: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

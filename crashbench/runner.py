@@ -355,9 +355,10 @@ class CrashRun:
         at = self.clock()
         self.ledger.poll(victim.name)
         # Exact when frozen (checked after the freeze); for "any", as of this last look.
-        inside = self.ledger.inside(victim.name)
+        opened = self.ledger.open_in(victim.name)
         replacement = None
         target = self.sc.kill_target if self.design_cls.own_worker else "worker"
+        inside = opened[-1] if opened else None
         child = inside.pid if inside and inside.pid != victim.pid else 0
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
@@ -369,7 +370,8 @@ class CrashRun:
                 replacement = self.sup.spawn(planned.slot)
             if sig == signal.SIGKILL:
                 self.sup.wait_dead(victim if target != "child" else None, killed)
-                inside = self._killed_inside(victim, child if target == "child" else 0)
+                opened = self._killed_inside(victim, child if target == "child" else 0)
+                inside = opened[-1] if opened else None
         return KillRecord(
             index=planned.index,
             planned_at=planned.at,
@@ -381,19 +383,21 @@ class CrashRun:
             target=target,
             mid_job=inside is not None,
             job=inside.job if inside else None,
+            jobs=[ex.job for ex in opened],
             waited_ms=round((at - due) * 1000, 3),
             replacement=replacement.name if replacement else None,
         )
 
-    def _killed_inside(self, victim: WorkerProcess, child: int) -> Execution | None:
+    def _killed_inside(self, victim: WorkerProcess, child: int) -> list[Execution]:
         """Once a SIGKILL landed and every process it hit is gone, the victim's ledger is final: the
-        execution it died inside is what that ledger says alone (started, never ended), not an earlier
-        look. `child`: only that process died; its worker lives on and may have started another job."""
+        executions it died inside are what that ledger says alone (started, never ended), not an
+        earlier look, oldest first. `child`: only that process died; its worker lives on and may have
+        started another job."""
         self.ledger.poll(victim.name)
         opened = [ex for ex in self.ledger.open_in(victim.name) if not child or ex.pid == child]
         if child:
             self.ledger.abandon(victim.name, child)  # its executions will never end
-        return opened[-1] if opened else None
+        return opened
 
     def _drain(self, faults_end: float) -> bool:
         """Wait until the backlog is 0 and no worker is inside a handler. Give up once no handler has

@@ -91,16 +91,22 @@ def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(sm
 
 
 @installed("huey")
-def test_huey_loses_exactly_the_task_a_killed_worker_was_running(small: Scenario) -> None:
-    # huey RPOPs the task: nothing in Redis remembers it while it runs, as with the naive design.
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_huey_loses_exactly_the_tasks_a_killed_worker_was_running(small: Scenario, threads: int) -> None:
+    # huey RPOPs the task: nothing in Redis remembers it while it runs, as with the naive design. With
+    # 3 worker threads a kill takes every task its threads were running: each kill record lists them,
+    # and every one of them is lost and counted as never run again.
+    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5, concurrency=threads)
     run = run_designs(sc, ["huey"], Options()).runs[0]
     c = run.counts
     assert run.problems == []
     assert c.kills_mid_job == 3, run.kills
-    assert c.lost == 3 and set(run.jobs["lost"]) == {k.job for k in run.kills}
+    killed = [j for k in run.kills for j in k.jobs]
+    assert all(k.job == k.jobs[-1] and len(k.jobs) <= threads for k in run.kills)
+    assert c.lost == c.interrupted == c.unrecovered == len(killed) == len(set(killed))
+    assert set(run.jobs["lost"]) == set(killed) and (threads == 1 or len(killed) > 3)
     assert (c.stranded, c.duplicated) == (0, 0)
-    assert c.done == c.enqueued - 3
+    assert c.done == c.enqueued - c.lost
 
 
 @installed("huey")
@@ -147,6 +153,8 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
     assert (c.lost, c.stranded) == (0, 0)
     assert c.done == c.enqueued
     assert all(k.recovered_after_ms is not None for k in run.kills)
+    # Every handler a kill interrupted (up to 8 with Dramatiq's threads) is on its record, and came back.
+    assert sum(len(k.jobs) for k in run.kills) == c.interrupted and c.unrecovered == 0
 
 
 @installed("rq")
