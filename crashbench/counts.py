@@ -169,7 +169,8 @@ def count(
     settings: DesignSettings | None = None,
     indeterminate: Collection[str] = (),
     broker_fault: tuple[float, float] | None = None,  # (struck, server back), harness clock
-    cut_off: bool = False,  # the drain hit its bound while the queue still made progress
+    drained: bool = True,  # False: the drain gave up with jobs still held
+    cut_off: bool = False,  # the drain hit its bound while the queue still made progress (not drained)
 ) -> tuple[Counts, dict[str, set[str]]]:
     """The counts, and the ids behind each outcome class (and behind library_disagrees, which is not one)."""
     queue = queue or QueueState()
@@ -241,7 +242,8 @@ def count(
         indeterminate=len(set(indeterminate) & ids),
         recovered=len(set(indeterminate) & classes["done"]),
         acks_lost=acks_lost,
-        undrained=len(classes["undrained"]),
+        # Every entry still held, a completed job's included (a stream entry never acked): at least 1.
+        undrained=0 if drained and not cut_off else max(1, len(located.held)),
         library_disagrees=len(classes["library_disagrees"]),
     )
     return counts, classes

@@ -419,8 +419,10 @@ class CrashRun:
                 busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
                 if busy or self._tolerant(self.design.backlog, -1) != 0:
                     empty_since = None
-                elif now - (empty_since := empty_since if empty_since is not None else now) >= settle:
-                    return True
+                else:
+                    empty_since = now if empty_since is None else empty_since
+                    if now - empty_since >= settle:
+                        return True
             time.sleep(self.TICK)
         self.cut_off = deadline > hard  # a handler started within the last window: still making progress
         return False

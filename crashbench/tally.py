@@ -63,12 +63,11 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)  # LibraryDesign.config_warnings()
 
 
-def recovery_ms(k: KillRecord, t0: float, runs: Sequence[Execution], job: str | None = None) -> float | None:
-    """Fault -> the next start of a job the victim was inside (`job`, by default `k.job`; `runs`: that
-    job's executions), by anyone: how long recovery took; +inf when it never started again nor
-    completed after the fault (a job the queue never gave back); None when no job was hit or it
-    finished where it was."""
-    if (job or k.job) is None:
+def recovery_ms(k: KillRecord, t0: float, runs: Sequence[Execution]) -> float | None:
+    """Fault -> the next start of a job the victim was inside (`runs`: that job's executions, one of
+    `k.jobs`), by anyone: how long recovery took; +inf when it never started again nor completed after
+    the fault (a job the queue never gave back); None when no job was hit or it finished where it was."""
+    if k.job is None:
         return None
     at = t0 + k.at
     later = [ex.start for ex in runs if ex.start > at]
@@ -103,15 +102,15 @@ def design_run(rec: RunRecord) -> DesignRun:
         settings=sc.settings(),
         indeterminate=rec.producer.indeterminate if rec.producer else (),
         broker_fault=rec.fault_window,
+        drained=rec.drained,
         cut_off=rec.cut_off,
     )
     completed = ledger.completed
-    c.undrained = 0 if rec.drained else max(1, len(rec.located.held))
     c.worker_crashes = len(rec.exits)
     c.held_at_fault = sum(1 for j in rec.held_at_fault if not completed[j])
     if rec.producer is not None:
         c.acked_during_lag = sum(1 for j in rec.producer.acked_during_lag if not completed[j])
-    hit = {j for k in rec.kills for j in k.jobs or ([k.job] if k.job else [])}
+    hit = {j for k in rec.kills for j in k.jobs}
     runs_of: dict[str, list[Execution]] = {j: [] for j in hit}
     for ex in ledger.executions:
         if ex.job in runs_of:
@@ -124,10 +123,7 @@ def design_run(rec: RunRecord) -> DesignRun:
     recoveries = sorted(k.recovered_after_ms for k in rec.kills if k.recovered_after_ms is not None)
     # Every handler a kill interrupted, not only the one its record names: a worker running several
     # (threads, a pool) leaves several jobs for recovery to give back.
-    interrupted = {(k.index, j): k for k in rec.kills for j in k.jobs or ([k.job] if k.job else [])}
-    c.unrecovered = sum(
-        1 for (_, j), k in interrupted.items() if math.isinf(recovery_ms(k, rec.t0, runs_of[j], j) or 0.0)
-    )
+    c.unrecovered = sum(1 for k in rec.kills for j in k.jobs if math.isinf(recovery_ms(k, rec.t0, runs_of[j]) or 0.0))
     return DesignRun(
         design=rec.spec,
         variant=rec.variant,
