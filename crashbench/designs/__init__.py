@@ -267,6 +267,16 @@ class LibraryDesign(Design):
         cancelled."""
         return max(self.settings.stale_after, TIMEOUT_HEADROOM * self.settings.longest_job + TIMEOUT_PAD)
 
+    def redelivery_s(self) -> float | None:
+        """Seconds from a worker's death until the library gives its job back, from every timer that
+        decides it in the configuration in use; None: the library never does."""
+        return None
+
+    def observe_window(self) -> float:
+        """The library's redelivery time plus a margin (observe_for), else the built-ins' default."""
+        redelivery = self.redelivery_s()
+        return super().observe_window() if redelivery is None else observe_for(redelivery)
+
     def configuration(self) -> dict[str, Any]:
         """The settings in effect that decide recovery (timeouts, ...), shown with the result; the key
         "concurrency" is the handlers one worker runs at once, whatever the library calls it."""
@@ -300,9 +310,12 @@ class LibraryDesign(Design):
 def library_settings(design: Design) -> tuple[dict[str, Any], list[str]]:
     """A library design's configuration in effect and its warnings for this workload; nothing for a
     built-in design (crashbench's own settings are in the scenario)."""
-    if isinstance(design, LibraryDesign):
-        return design.configuration(), design.config_warnings()
-    return {}, []
+    if not isinstance(design, LibraryDesign):
+        return {}, []
+    configuration = design.configuration()
+    if (redelivery := design.redelivery_s()) is not None:
+        configuration["redelivery_s"] = redelivery
+    return configuration, design.config_warnings()
 
 
 BUILTIN: dict[str, str] = {

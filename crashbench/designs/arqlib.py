@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
@@ -125,14 +125,11 @@ class ArqQueue(LibraryDesign):
             options.update(job_timeout=self.job_timeout(), max_tries=self.settings.max_attempts)
         return {**options, **self.settings.options}
 
-    def _redelivery_s(self) -> float:
+    def redelivery_s(self) -> float:
         # The in-progress key outlives the kill by job_timeout + 10 s; the next poll then starts the job.
         options = self.worker_options()
         timeout = float(options.get("job_timeout", ARQ_JOB_TIMEOUT))
         return timeout + ARQ_FIXED_EXTRA_S + options.get("poll_delay", ARQ_POLL_DELAY)
-
-    def observe_window(self) -> float:
-        return observe_for(self._redelivery_s())
 
     def configuration(self) -> dict[str, Any]:
         options = self.worker_options()
@@ -141,7 +138,7 @@ class ArqQueue(LibraryDesign):
         return {
             "concurrency": min(options["max_jobs"], threads), "max_jobs": options["max_jobs"],
             "job_timeout_s": float(options.get("job_timeout", ARQ_JOB_TIMEOUT)),
-            "max_tries": options.get("max_tries", 5), "redelivery_s": self._redelivery_s(),
+            "max_tries": options.get("max_tries", 5),
         }  # fmt: skip
 
     def config_warnings(self) -> list[str]:

@@ -40,7 +40,7 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
@@ -105,12 +105,9 @@ class CeleryQueue(LibraryDesign):
         defaults = {"visibility_timeout": 3600, "unacked_restore_interval": 10, "unacked_restore_throttle": 10}
         return float(self.app.conf.broker_transport_options.get(name, defaults[name]))
 
-    def _redelivery_s(self) -> float:
+    def redelivery_s(self) -> float:
         sweep = self._transport("unacked_restore_interval") * max(1.0, self._transport("unacked_restore_throttle"))
         return self._transport("visibility_timeout") + sweep
-
-    def observe_window(self) -> float:
-        return observe_for(self._redelivery_s())
 
     def configuration(self) -> dict[str, Any]:
         conf = self.app.conf
@@ -118,8 +115,7 @@ class CeleryQueue(LibraryDesign):
             "acks_late": bool(conf.task_acks_late), "concurrency": int(conf.worker_concurrency),
             "prefetch_multiplier": int(conf.worker_prefetch_multiplier),
             "visibility_timeout_s": self._transport("visibility_timeout"),
-            "restore_sweep_s": self._redelivery_s() - self._transport("visibility_timeout"),
-            "redelivery_s": self._redelivery_s(),
+            "restore_sweep_s": self.redelivery_s() - self._transport("visibility_timeout"),
         }  # fmt: skip
 
     def config_warnings(self) -> list[str]:

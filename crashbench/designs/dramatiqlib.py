@@ -43,7 +43,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
@@ -103,20 +103,17 @@ class DramatiqQueue(LibraryDesign):
             options=retry_options,
         )  # fmt: skip
 
-    def _redelivery_s(self) -> float:
+    def redelivery_s(self) -> float:
         # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in the first
         # maintenance pass after that; with one command per second at the least (idle consumers), a
         # pass is expected within 10^6 / maintenance_chance seconds.
         chance = max(1, self.broker.maintenance_chance)
         return self.broker.heartbeat_timeout / 1000 + MAINTENANCE_SCALE / chance * IDLE_POLL_S
 
-    def observe_window(self) -> float:
-        return observe_for(self._redelivery_s())
-
     def configuration(self) -> dict[str, Any]:
         return {
             "concurrency": self.threads, "heartbeat_timeout_s": self.broker.heartbeat_timeout / 1000,
-            "maintenance_chance": self.broker.maintenance_chance, "redelivery_s": self._redelivery_s(),
+            "maintenance_chance": self.broker.maintenance_chance,
         }  # fmt: skip
 
     def config_warnings(self) -> list[str]:

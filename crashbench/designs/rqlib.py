@@ -41,7 +41,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
@@ -90,15 +90,12 @@ class RQQueue(LibraryDesign):
         default = max(self.RQ_JOB_TIMEOUT, self.job_timeout()) if self.retries else self.RQ_JOB_TIMEOUT
         return float(self._option("job_timeout", default))
 
-    def _redelivery_s(self) -> float:
+    def redelivery_s(self) -> float:
         # The execution heartbeat expires job_monitoring_interval + 60 s after the kill; the next
         # maintenance pass (every maintenance_interval, and only between dequeues) then finds the job.
         heartbeat = self._option("job_monitoring_interval", self.job_monitoring_interval) + 60
         dequeue = max(0, self._option("worker_ttl", self.worker_ttl) - 15)
         return heartbeat + self._option("maintenance_interval", self.maintenance_interval) + dequeue
-
-    def observe_window(self) -> float:
-        return observe_for(self._redelivery_s())
 
     def configuration(self) -> dict[str, Any]:
         return {
@@ -106,7 +103,6 @@ class RQQueue(LibraryDesign):
             "job_timeout_s": self._timeout(), "concurrency": 1,
             "maintenance_interval_s": self._option("maintenance_interval", self.maintenance_interval),
             "job_monitoring_interval_s": self._option("job_monitoring_interval", self.job_monitoring_interval),
-            "redelivery_s": self._redelivery_s(),
         }  # fmt: skip
 
     def config_warnings(self) -> list[str]:

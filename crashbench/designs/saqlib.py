@@ -155,7 +155,7 @@ class SaqQueue(LibraryDesign):
     def _job(self, name: str) -> Any:
         return self.job_options().get(name, JOB_DEFAULTS[name])
 
-    def _redelivery_s(self) -> float:
+    def redelivery_s(self) -> float:
         """From a worker's death to the sweep deciding its job: whichever of timeout / heartbeat
         finds it stuck first, then a sweep period, then the sweep's wait on the dead worker."""
         found = min((s for s in (self._job("timeout"), self._job("heartbeat")) if s), default=math.inf)
@@ -166,14 +166,14 @@ class SaqQueue(LibraryDesign):
         # The sweep waits on a dead worker's jobs one after another: its last one is decided
         # (concurrency - 1) x 5 s after its first, with no handler starting meanwhile as installed.
         rest = (self.worker_options()["concurrency"] - 1) * SWEEP_ABORT_WAIT_S
-        return observe_for(self._redelivery_s() + rest)
+        return observe_for(self.redelivery_s() + rest)
 
     def configuration(self) -> dict[str, Any]:
         return {
             "timeout_s": self._job("timeout"), "heartbeat_s": self._job("heartbeat"),
             "retries": self._job("retries"), "concurrency": self.worker_options()["concurrency"],
             "sweep_s": self.worker_options()["timers"].get("sweep", SWEEP_DEFAULT_S),
-            "sweep_abort_wait_s": SWEEP_ABORT_WAIT_S, "redelivery_s": self._redelivery_s(),
+            "sweep_abort_wait_s": SWEEP_ABORT_WAIT_S,
         }  # fmt: skip
 
     def config_warnings(self) -> list[str]:

@@ -56,7 +56,7 @@ from taskiq.cli.worker.run import shutdown_broker
 from taskiq.receiver import Receiver
 from taskiq_redis import ListQueueBroker, RedisStreamBroker
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.inspector import Snapshot
 from crashbench.task import handle
 
@@ -196,10 +196,10 @@ class TaskiqStream(TaskiqList):
         """Seconds an entry stays pending before another worker's XAUTOCLAIM takes it."""
         return self.broker_options.get("idle_timeout", IDLE_TIMEOUT_MS) / 1000
 
-    def observe_window(self) -> float:
+    def redelivery_s(self) -> float:
         # Idle for idle_timeout, then claimed by the next pass, which follows a read that returned
         # entries: at most one xread_block later while the stream has unread entries.
-        return observe_for(self.idle_timeout() + self.broker_options.get("xread_block", XREAD_BLOCK_MS) / 1000)
+        return self.idle_timeout() + self.broker_options.get("xread_block", XREAD_BLOCK_MS) / 1000
 
     def configuration(self) -> dict[str, Any]:
         ack = AcknowledgeType(self.receiver_options.get("ack_type", AcknowledgeType.WHEN_SAVED)).value
