@@ -96,6 +96,8 @@ class Producer:
         self.indeterminate: set[str] = set()
         self.lagging = False  # set once the replica stopped following the primary (replica_lag)
         self.acked_during_lag: set[str] = set()  # acknowledged by the primary alone
+        # (harness clock, ids, acknowledged, acknowledged while lagging) per chunk, for the timeline
+        self.chunks: list[tuple[float, list[str], bool, bool]] = []
 
     @property
     def done(self) -> bool:
@@ -112,10 +114,12 @@ class Producer:
                 design.enqueue(chunk)
             except (*DOWN, EnqueueUnconfirmed):
                 self.indeterminate |= ids
+                self.chunks.append((now, [job.id for job in chunk], False, False))
             else:
                 self.acknowledged |= ids
                 if self.lagging:
                     self.acked_during_lag |= ids
+                self.chunks.append((now, [job.id for job in chunk], True, self.lagging))
 
 
 def wait_back(url: str, timeout: float = 30.0) -> None:

@@ -1,4 +1,4 @@
-"""Commands over the results store: results, show, replay."""
+"""Commands over the results store: results, show, replay, recount."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from crashbench import cli as base
+from crashbench import recount as recounting
 from crashbench import store
-from crashbench.errors import UsageError
+from crashbench.errors import RecountMismatch, UsageError
 from crashbench.results import Result
 from crashbench.scenario import Scenario
 from crashbench.session import Options, replay_scenario, run_designs
@@ -104,3 +105,31 @@ def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
         return result
 
     base.execute(opts, start, scenario=replay_scenario(stored, index))
+
+
+@base.cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@base.STORE_DIR
+@click.option("--plain", is_flag=True, help="No colours.")
+@base.reports_errors
+def recount(ref: str, store_dir: Path, plain: bool) -> None:
+    """Compute every count of a saved result again from its timeline alone (the file beside it) and
+    compare: exit 0 when each run is reproduced exactly, 4 when anything differs."""
+    base.configure_output({"plain": plain})
+    result, timelines = recounting.load(ref, store_dir)
+    runs = recounting.recount(result, timelines)
+    for r in runs:
+        if not r.differences:
+            base.out.print(f"run {r.index} {escape(r.design)}: [green]reproduced[/] (every count, timing and id)")
+            continue
+        base.out.print(f"run {r.index} {escape(r.design)}: [bold red]{len(r.differences)} difference(s)[/]")
+        for line in r.differences[:20]:
+            base.out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+        if len(r.differences) > 20:
+            base.out.print(f"  ... and {len(r.differences) - 20} more")
+    bad = [r for r in runs if r.differences]
+    if bad:
+        raise RecountMismatch(
+            f"{len(bad)} of {len(runs)} run(s) of {result.id} differ from their timeline",
+            hint="the timeline is not the record these counts came from: edited, or not saved whole",
+        )

@@ -53,6 +53,12 @@ class RunAborted(CrashbenchError):
     exit_code = ExitCode.INCONCLUSIVE
 
 
+class RecountMismatch(CrashbenchError):
+    """A saved result that its own timeline does not reproduce (crashbench recount)."""
+
+    exit_code = ExitCode.INCONCLUSIVE
+
+
 class Interrupted(CrashbenchError):
     exit_code = ExitCode.INTERRUPTED
 

@@ -4,18 +4,12 @@ anything runs, so every design of a compare (and every replay) gets the same one
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from crashbench.records import PlannedKill as PlannedKill  # re-exported
 
 if TYPE_CHECKING:
     from crashbench.scenario import Scenario
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedKill:
-    index: int
-    at: float  # seconds after the workers start
-    slot: int
 
 
 def plan_kills(scenario: Scenario) -> list[PlannedKill]:

@@ -15,63 +15,22 @@ import time
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from crashbench import __version__
+from crashbench import __version__, timeline
 from crashbench.counts import Counts, Problem, TotalQueue
-from crashbench.faults import PlannedKill
+from crashbench.records import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
+from crashbench.records import KillRecord as KillRecord
+from crashbench.records import PlannedKill as PlannedKill
+from crashbench.records import WorkerExit as WorkerExit
 from crashbench.server import ServerInfo
+from crashbench.timeline import Timeline
 
 SCHEMA = "crashbench.result"
 SCHEMA_VERSION = 2  # 2: repeats, thresholds, result ids, the fault schedule and the machine
-
-
-@dataclass(slots=True)
-class KillRecord:
-    """One fault as executed. Times are seconds since the run's workers were started."""
-
-    index: int
-    planned_at: float
-    at: float
-    slot: int
-    worker: str
-    pid: int
-    signal: str
-    target: str  # worker (single-process worker), tree, parent or child: which processes got the signal
-    mid_job: bool  # the victim was inside a handler when the signal landed
-    job: str | None  # the job whose handler it was inside
-    waited_ms: float  # how long the fault waited for the victim to be inside a handler
-    replacement: str | None  # None for a pause: the worker keeps its slot
-    replacement_ready_ms: float | None = None  # kill -> replacement's READY
-    recovered_after_ms: float | None = None  # fault -> the interrupted job's next start (None: never ran again)
-    # Every job whose handler the fault interrupted (a worker running several at once: threads, a pool);
-    # `job` is the most recently started of them.
-    jobs: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class BrokerFaultRecord:
-    """The broker fault as executed (crashbench.broker). Times are seconds since the workers started."""
-
-    kind: str  # "kill" | "failover"
-    persistence: str
-    at: float
-    held_at_fault: int  # jobs the queue held (its state()) just before the fault
-    held_ids: list[str]  # ... their ids (the first 100)
-    acknowledged_before: int  # enqueues acknowledged before the fault
-    back_at: float | None = None  # the restarted server (or the promoted replica) answered
-
-
-@dataclass(slots=True)
-class WorkerExit:
-    """A worker that ended without being killed by a fault (a bug in a design, usually)."""
-
-    worker: str
-    how: str
-    log_tail: str
 
 
 @dataclass(slots=True)
@@ -138,6 +97,9 @@ class DesignRun:
     # them would re-run or cancel a healthy job of this workload (said before the run, too).
     configuration: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Everything the run recorded, which the counts above were computed from; saved in its own file
+    # beside the result (Result.timeline), never in the JSON.
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
 
 def label(run: DesignRun) -> str:
@@ -235,6 +197,7 @@ class Result:
     summary: list[DesignSummary] = field(default_factory=list)  # per design over the repeats
     thresholds: list[ThresholdResult] = field(default_factory=list)
     baseline: str | None = None  # the id of the result relative thresholds were checked against
+    timeline: str | None = None  # the file, beside this one, that holds every run's timeline
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
 
@@ -259,7 +222,10 @@ class Result:
         return "pass"
 
     def to_dict(self) -> dict[str, Any]:
-        data = _finite(dataclasses.asdict(self))
+        bare = dataclasses.replace(self, runs=[replace(r, timeline=None) for r in self.runs])  # no deep copy of it
+        data = jsonable(dataclasses.asdict(bare))
+        for raw in data["runs"]:
+            del raw["timeline"]
         for run, raw in zip(self.runs, data["runs"], strict=True):
             raw["timings"]["ratio_to_ideal"] = round(run.timings.ratio_to_ideal, 4)
         data["status"] = self.status
@@ -280,6 +246,9 @@ class Result:
         if out.suffix != ".json":
             out = out / self.file_name()
         out.parent.mkdir(parents=True, exist_ok=True)
+        timelines = [r.timeline for r in self.runs if r.timeline is not None]
+        if timelines:
+            self.timeline = timeline.write(timelines, out.with_name(out.stem + ".timeline.jsonl.gz")).name
         out.write_text(self.to_json() + "\n")
         return out
 
@@ -292,14 +261,14 @@ class Result:
         return _build(cls, data)
 
 
-def _finite(data: Any) -> Any:
+def jsonable(data: Any) -> Any:
     """JSON has no infinity: a recovery that never happened is written "inf" (read back by _build)."""
     if isinstance(data, float) and math.isinf(data):
         return "inf" if data > 0 else "-inf"
     if isinstance(data, dict):
-        return {k: _finite(v) for k, v in data.items()}
+        return {k: jsonable(v) for k, v in data.items()}
     if isinstance(data, list):
-        return [_finite(v) for v in data]
+        return [jsonable(v) for v in data]
     return data
 
 

@@ -29,6 +29,7 @@ from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, WorkerE
 from crashbench.scenario import Scenario
 from crashbench.stopflag import StopFlag
 from crashbench.supervisor import Supervisor, WorkerProcess
+from crashbench.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.worker import DOWN, WorkerSpec, run_worker
 from crashbench.workload import job_ids
 
@@ -56,6 +57,8 @@ def _jobs(ids: list[str]) -> list[Job]:
 class CrashRun:
     STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
+    DEPTH_EVERY = 0.25  # seconds between the harness's readings of the queue's depth (the timeline)
+    DEPTH_COST = 30  # ... and at least this many times as long as the last reading took
     MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
 
     def __init__(
@@ -81,6 +84,7 @@ class CrashRun:
         self.design_cls: type[Design] = load_design(design_spec)
         self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
         self.variant = variant
+        self.index = index
         self.repeat = repeat
         self.url = redis_url
         self.progress = progress
@@ -125,10 +129,13 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self._paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
-        self._fault_at: float | None = None  # when the broker fault struck (harness clock)
-        self._back_at: float | None = None  # when the server answered again
         self._held_at_fault: set[str] = set()  # the inspector's reading when the broker fault struck
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
+        self.enqueues: list[tuple[float, list[str]]] = []  # (harness clock, ids) sent before the workers start
+        self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
+        self.depth: list[Depth] = []
+        self._next_depth = 0.0
+        self.started = 0.0  # wall clock at t0
         self.cut_off = False  # the drain hit its bound while the queue still made progress
 
     # -- the run ---------------------------------------------------------------------------------
@@ -174,8 +181,11 @@ class CrashRun:
             for start in range(0, len(ids), 1000):
                 if self.stop.raised:
                     raise Interrupted("interrupted while enqueueing: nothing left running")
-                self.design.enqueue(_jobs(ids[start : start + 1000]))
+                chunk = ids[start : start + 1000]
+                self.enqueues.append((self.clock(), chunk))
+                self.design.enqueue(_jobs(chunk))
         self.t0 = self.clock()
+        self.started = time.time()
         for slot in range(self.sc.workers):
             self.sup.spawn(slot)
         self._wait_ready()
@@ -188,6 +198,7 @@ class CrashRun:
         faults_end = self.clock()
 
         self.phase = "draining"
+        self.marks.append((self.clock(), "drain", -1))
         drained = self._drain(faults_end)
         drained_at = self.clock()
 
@@ -211,8 +222,11 @@ class CrashRun:
                 self.sup.thaw(w)
                 del self._paused[name]
         if now >= self._next_recover and self.phase != "starting":
-            self._tolerant(lambda: self.design.recover(now), None)
+            gave_back = self._tolerant(lambda: self.design.recover(now), None)
+            self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
             self._next_recover = now + self.sc.recover_every
+        if now >= self._next_depth and self.phase != "starting":
+            self._sample_depth(now)
         if self.lease is not None:
             self.lease.tick(now)  # the keys' safety expiry (crashbench.lease)
         self._report()
@@ -248,6 +262,20 @@ class CrashRun:
             if self.phase in ("starting", "faults", "draining"):
                 self.sup.spawn(w.slot)
 
+    def _sample_depth(self, now: float) -> None:
+        """The queue's depth by the harness's own reading. Every DEPTH_EVERY seconds, or less often
+        when the reading is slow (a large backlog): it costs at most 1/DEPTH_COST of the run."""
+        started = self.clock()
+        located = self._tolerant(self._locate, None)
+        cost = self.clock() - started
+        self._next_depth = now + max(self.DEPTH_EVERY, self.DEPTH_COST * cost)
+        if located is None:
+            return
+        inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
+        held = located.held.keys()
+        pending = sum(1 for j in held if j not in located.delayed and j not in inside)
+        self.depth.append(Depth(rel(now, self.t0), pending, len(inside), len(located.delayed), len(located.dead)))
+
     def _tolerant(self, call: Callable[[], T], down: T) -> T:
         """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
         if self.broker is None:
@@ -270,6 +298,7 @@ class CrashRun:
             producer.produce(self.design, now)
             if lag_due is not None and now >= lag_due:
                 self.broker.cut_replica()
+                self.marks.append((now, "replica_cut", -1))
                 lag_due = None
             if lag_due is None and self.sc.replica_lag:
                 producer.lagging = True
@@ -280,23 +309,25 @@ class CrashRun:
                 self._held_at_fault = held
                 now = self.clock()
                 self.broker_fault = BrokerFaultRecord(
-                    self.sc.fault, self.sc.persistence, round(now - self.t0, 4), len(held),
+                    self.sc.fault, self.sc.persistence, rel(now, self.t0), len(held),
                     sorted(held)[: tally.JOB_SAMPLE], len(producer.acknowledged),
                 )  # fmt: skip
-                self._fault_at = now
                 if self.sc.fault == "failover":
                     self.broker.failover()
+                    self.marks.append((now, "failover", -1))
                     self._reconnect()
                 else:
                     self.broker.kill()
+                    self.marks.append((now, "down", -1))
                     back_due = now + self.sc.downtime
             if back_due is not None and now >= back_due:
                 self.broker.restart()
                 wait_back(self.broker.url)
                 back_due = None
             if self.broker_fault is not None and self.broker_fault.back_at is None and back_due is None:
-                self._back_at = self.clock()
-                self.broker_fault.back_at = round(self._back_at - self.t0, 4)
+                back_at = self.clock()
+                self.broker_fault.back_at = rel(back_at, self.t0)
+                self.marks.append((back_at, "up", -1))
             time.sleep(self.TICK)
 
     def _reconnect(self) -> None:
@@ -437,16 +468,30 @@ class CrashRun:
     def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
         state = self.design.state()
         located = self._locate()
-        fault = (self._fault_at, self._back_at or self._fault_at) if self._fault_at is not None else None
-        return tally.design_run(
-            tally.RunRecord(
-                spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat, scenario=self.sc,
-                design=self.design_cls, ids=ids, ledger=self.ledger, located=located, state=state,
-                kills=self.kills, exits=self.exits, workers=self.sup.workers, t0=self.t0, drained=drained,
-                drained_at=drained_at, cut_off=self.cut_off, faults_end=faults_end, window=self.window,
-                producer=self.producer,
-                broker_fault=self.broker_fault, fault_window=fault, held_at_fault=self._held_at_fault,
-                inspect_s=self.inspect_s, workdir=str(self.dir) if self.keep_dir else None,
-                configuration=self.configuration, warnings=self.warnings,
-            )
+        t0 = self.t0
+        producer = self.producer
+        if producer is not None:
+            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in producer.chunks]
+        else:
+            enqueues = [Enqueue(rel(t, t0), chunk) for t, chunk in self.enqueues]
+        cls = self.design_cls
+        tl = Timeline(
+            index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
+            scenario=self.sc.to_dict(), design=DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once),
+            t0=t0, started=self.started, window=self.window, produced=producer is not None,
+            configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
+            spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
+            ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
+            executions=[
+                Execution(ex.job, ex.worker, rel(ex.start, t0), None if ex.end is None else rel(ex.end, t0),
+                          ex.failed, ex.pid, ex.xid)
+                for ex in self.ledger.executions
+            ],
+            ledger_problems=list(self.ledger.problems), planned=plan_kills(self.sc), kills=self.kills,
+            marks=[Mark(rel(t, t0), what, n) for t, what, n in self.marks], depth=self.depth,
+            broker_fault=self.broker_fault, exits=self.exits, held_at_fault=sorted(self._held_at_fault),
+            located=located, state=state, faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0),
+            drained=drained, cut_off=self.cut_off, inspect_s=round(self.inspect_s, 4),
+            workdir=str(self.dir) if self.keep_dir else None,
         )  # fmt: skip
+        return tally.design_run(tl)

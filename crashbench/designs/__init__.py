@@ -195,8 +195,11 @@ class Design(ABC):
     def stop_worker(self, worker: str, now: float) -> None:  # noqa: B027 - optional hook
         """A graceful stop (SIGTERM): the worker finished its job; hand back anything it still holds."""
 
-    def recover(self, now: float) -> None:  # noqa: B027 - designs without a reaper have nothing to do
-        """One recovery pass at time `now`: give back jobs of workers that look dead, move due retries."""
+    def recover(self, now: float) -> int | None:
+        """One recovery pass at time `now`: give back jobs of workers that look dead, move due retries.
+        Returns how many jobs it gave back, or None where it cannot tell (the timeline shows it, as the
+        design's own figure: the counts never use it)."""
+        return None
 
     @abstractmethod
     def backlog(self) -> int:

@@ -176,16 +176,19 @@ class ReliableQueue(Design):
         keys = [self.key("processing", worker), self.key(self.PENDING), self.key("heartbeats"), *self._high()]
         self._hand_back(keys=keys, args=[worker])
 
-    def recover(self, now: float) -> None:
+    def recover(self, now: float) -> int | None:
         stale_before = now - self.settings.stale_after
+        gave_back = 0
         for worker, beat in self.r.hgetall(self.key("heartbeats")).items():
             if float(beat) < stale_before:
                 keys = [self.key("processing", worker), self.key(self.PENDING), self.key("dead"), self.key("requeued")]
-                self._reap(
+                moved, dead = self._reap(
                     keys=[*keys, self.key("stats"), self.key("heartbeats"), *self._high()],
                     args=[self.settings.max_attempts, worker, repr(stale_before)],
                 )
+                gave_back += int(moved) + int(dead)
         self._promote(keys=[self.key("delayed"), self.key(self.PENDING), *self._high()], args=[repr(now), 1000])
+        return gave_back
 
     def backlog(self) -> int:
         keys = [self.key(self.PENDING), self.key("delayed"), self.key("workers"), *self._high()]
