@@ -1,0 +1,185 @@
+"""The report's tables: counts per run (in the terminal table's order), thresholds with ✓ / ✗, the
+scenario and the environment. The row list is copied from crashbench.render, which imports rich."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from crashbench.report.svg import esc
+from crashbench.results import DesignRun, Result, ThresholdResult, number
+from crashbench.results import label as label_of
+
+# (label, count field) in display order; outcome classes first, then events. A leading "  " marks a
+# row that breaks down the one above it.
+ROWS: tuple[tuple[str, str], ...] = (
+    ("enqueued", "enqueued"),
+    ("done", "done"),
+    ("lost", "lost"),
+    ("unconfirmed", "unconfirmed"),
+    ("stranded", "stranded"),
+    ("failed", "failed"),
+    ("dead-lettered", "dead_lettered"),
+    ("  of which poison", "dead_lettered_poison"),
+    ("duplicated", "duplicated"),
+    ("  overlapping", "duplicated_overlapping"),
+    ("  sequential", "duplicated_sequential"),
+    ("extra executions", "extra_executions"),
+    ("requeued", "requeued"),
+    ("failed attempts", "failed_attempts"),
+    ("retried", "retried"),
+    ("  before their backoff", "early_retries"),
+    ("unexpected", "unexpected"),
+    ("interrupted", "interrupted"),
+    ("  never ran again", "unrecovered"),
+    ("indeterminate enqueues", "indeterminate"),
+    ("  done all the same", "recovered"),
+    ("acks lost", "acks_lost"),
+    ("undrained", "undrained"),
+    ("worker crashes", "worker_crashes"),
+    ("library disagrees", "library_disagrees"),
+    ("kills", "kills"),
+    ("  mid-job", "kills_mid_job"),
+)
+ALARM = {
+    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
+    "undrained", "worker_crashes", "library_disagrees", "unrecovered",
+}  # fmt: skip
+# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
+OPTIONAL = {
+    "unconfirmed", "indeterminate", "recovered", "acks_lost",
+    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
+}  # fmt: skip
+MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return "never" if math.isinf(v) else f"{v:.0f} ms"
+
+
+TIMINGS: tuple[tuple[str, Callable[[DesignRun], str]], ...] = (
+    ("wall time", lambda r: f"{r.timings.wall_s:.2f} s"),
+    ("  × ideal", lambda r: f"{r.timings.ratio_to_ideal:.2f}×"),
+    ("jobs/s", lambda r: f"{r.timings.jobs_per_s:,.0f}"),
+    ("recovery p50", lambda r: _ms(r.timings.recovery_ms_p50)),
+    ("recovery p95", lambda r: _ms(r.timings.recovery_ms_p95)),
+    ("recovery max", lambda r: _ms(r.timings.recovery_ms_max)),
+    ("kill → new worker ready", lambda r: _ms(r.timings.restart_ms_median)),
+)
+
+
+def _failed_metrics(result: Result, name: str) -> set[str]:
+    return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
+
+
+def _row_label(text: str) -> tuple[str, str]:
+    return ("sub", text.strip()) if text.startswith("  ") else ("", text)
+
+
+def counts(result: Result) -> str:
+    """Counts per run, one column each (repeats too: the page draws each run of them)."""
+    runs = result.runs
+    heads = "".join(f"<th>{esc(label_of(r))}{f' #{r.repeat + 1}' if result.repeat > 1 else ''}</th>" for r in runs)
+    out = [f'<table class="counts"><thead><tr><th></th>{heads}</tr></thead><tbody>']
+    failed = {label_of(r): _failed_metrics(result, label_of(r)) for r in runs}
+    for text, key in ROWS:
+        if key in OPTIONAL and not any(getattr(r.counts, key) for r in runs):
+            continue
+        cls, shown = _row_label(text)
+        cells = []
+        for i, r in enumerate(runs):
+            v = getattr(r.counts, key)
+            bad = key in failed[label_of(r)]
+            style = "failed" if bad else ("alarm" if v and key in ALARM else "")
+            cells.append(f'<td class="{style}" data-run="{i}" data-count="{key}">{number(v)}{" ✗" if bad else ""}</td>')
+        row_cls = "sub" if cls else ("section" if key == "kills" else "")
+        out.append(f'<tr class="{row_cls}"><td>{esc(shown)}</td>{"".join(cells)}</tr>')
+    for n, (text, fn) in enumerate(TIMINGS):
+        cls, shown = _row_label(text)
+        row_cls = "section" if n == 0 else cls
+        out.append(f'<tr class="{row_cls}"><td>{esc(shown)}</td>{"".join(f"<td>{esc(fn(r))}</td>" for r in runs)}</tr>')
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _detail(t: ThresholdResult) -> str:
+    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
+    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
+    text = f"got {got}"
+    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
+        text += f", bound {number(t.expected)}{unit}"
+    if t.baseline is not None:
+        text += f", baseline {number(t.baseline)}{unit}"
+    if t.note:
+        text += f"; {t.note}"
+    return text
+
+
+def thresholds(result: Result) -> str:
+    """Every threshold against every design in one grid: a row per threshold as written, a column per
+    design (or sweep value), each cell its mark and the value checked; the detail in its tooltip."""
+    names = list(dict.fromkeys(label_of(r) for r in result.runs))
+    if not result.thresholds:
+        return '<div><h3>Thresholds</h3><p class="sub">No threshold applied.</p></div>'
+    by: dict[tuple[str, str], ThresholdResult] = {(t.threshold, t.design): t for t in result.thresholds}
+    rows = list(dict.fromkeys(t.threshold for t in result.thresholds))
+    heads = "".join(f"<th>{esc(n)}</th>" for n in names)
+    out = [f'<div><h3>Thresholds</h3><table class="thresholds"><thead><tr><th></th>{heads}</tr></thead><tbody>']
+    for text in rows:
+        cells = []
+        for n in names:
+            t = by.get((text, n))
+            if t is None:
+                cells.append("<td></td>")
+                continue
+            got = "-" if t.actual is None else number(t.actual)
+            tip = f"{t.status}: {_detail(t)} (from {t.source})"
+            cells.append(
+                f'<td class="mark {t.status}" title="{esc(tip)}">{MARK[t.status]} <span>{esc(got)}</span></td>'
+            )
+        out.append(f"<tr><td><code>{esc(text)}</code></td>{''.join(cells)}</tr>")
+    met = "".join(
+        f"<td>{sum(t.met for t in mine)} of {len(mine)} met</td>"
+        for mine in ([t for t in result.thresholds if t.design == n] for n in names)
+    )
+    out.append(f'<tr class="section"><td></td>{met}</tr></tbody></table></div>')
+    return "".join(out)
+
+
+def scenario_line(sc: dict) -> str:
+    """The scenario in one line, as the terminal table's title says it."""
+    try:
+        line = (
+            f"{sc['name']}: {sc['jobs']:,} jobs × {sc['job_ms']:g} ms, {sc['workers']} workers, "
+            f"{sc['kills']} × {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}"
+        )
+    except (KeyError, TypeError, ValueError):
+        return str(sc.get("name", "scenario"))
+    if sc.get("fault", "none") != "none":
+        line += f"; broker {sc['fault']} at {sc.get('fault_at', 0):g} s for {sc.get('downtime', 0):g} s"
+    return line
+
+
+def _dl(title: str, items: list[tuple[str, object]]) -> str:
+    rows = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items if v not in (None, "", {}, []))
+    return f"<div><h3>{esc(title)}</h3><dl>{rows}</dl></div>"
+
+
+def scenario(sc: dict) -> str:
+    skip = {"expect", "description", "designs"}
+    items = [(k, v) for k, v in sc.items() if k not in skip and not isinstance(v, dict | list)]
+    if sc.get("description"):
+        items.insert(1, ("description", sc["description"]))
+    return _dl("Scenario", items)
+
+
+def environment(result: Result) -> str:
+    env = dataclasses.asdict(result.environment)
+    libraries = env.pop("libraries", {}) or {}
+    items = [(k.replace("_", " "), v) for k, v in env.items()]
+    items += [(f"library {k}", v) for k, v in libraries.items()]
+    return _dl("Environment", items)
