@@ -206,7 +206,7 @@ def render(result: Result, timelines: list[Timeline], source: str = "") -> str:
     scale = Scale(t0, t1, LEFT, WIDTH - RIGHT)
     sc = result.scenario
     aggregated = any(len(tl.executions) > lanes.AGGREGATE_ABOVE for tl in timelines)
-    names = ", ".join(dict.fromkeys(label_of(r) for r in result.runs))
+    names = ", ".join(dict.fromkeys([label_of(r) for r in result.runs] or [tl.variant or tl.spec for tl in timelines]))
     title = f"crashbench {result.kind}: {sc.get('name', '')} — {names}"
     sections = [
         _section(result, result.runs[i] if i < len(result.runs) else None, tl, scale, i)
@@ -223,7 +223,7 @@ def render(result: Result, timelines: list[Timeline], source: str = "") -> str:
         "(0 = workers started)</p>",
         _legend(aggregated),
         '<div class="cols">',
-        f"<div><h3>Counts</h3>{tables.counts(result)}</div>",
+        f"<div><h3>Counts</h3>{tables.counts(result)}</div>" if result.runs else "",
         tables.thresholds(result),
         "</div>",
         *sections,

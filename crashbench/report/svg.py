@@ -118,12 +118,15 @@ def _steps(points: Sequence[tuple[float, float]], scale: Scale, y: float, h: flo
     """A step line's path data: a depth reading holds until the next one."""
     if not points:
         return ""
-    parts = []
-    prev_y = None
+    # One step per pixel column at most (the last reading in it): a long run read every 0.25 s has
+    # more readings than the chart has pixels.
+    cols: dict[int, float] = {}
     for t, v in points:
-        px, py = num(scale.x(t)), num(y + h - (v / top) * h if top else y + h)
-        parts.append(f"M{px} {py}" if prev_y is None else f"H{px}V{py}")
-        prev_y = py
+        cols[round(scale.x(t))] = v
+    parts = []
+    for n, (px, v) in enumerate(cols.items()):
+        py = num(y + h - (v / top) * h if top else y + h)
+        parts.append(f"M{px} {py}" if n == 0 else f"H{px}V{py}")
     return "".join(parts)
 
 
