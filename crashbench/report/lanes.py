@@ -167,7 +167,7 @@ def _faults(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
     out = []
     pause = float(tl.scenario.get("pause", 0) or 0)
     for k in tl.kills:
-        if k.slot >= g.slots:
+        if not 0 <= k.slot < g.slots:
             continue
         kind = FAULT_KIND.get(k.signal, "kill")
         x, y = scale.x(k.at), g.y(k.slot)
@@ -197,7 +197,7 @@ def _recovery(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes, arrow: str)
     slot_of = tl.slot_of()
     lines, marks = [], []
     for k in tl.kills:
-        if k.job is None or k.slot >= g.slots:
+        if k.job is None or not 0 <= k.slot < g.slots:
             continue
         for n, job in enumerate(k.jobs):
             recovered, markup = _one_recovery(k, job, n, runs_of[job], slot_of, scale, g, lanes, arrow)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 from crashbench.report.svg import esc
 from crashbench.results import DesignRun, Result, ThresholdResult, number
@@ -150,7 +151,7 @@ def thresholds(result: Result) -> str:
     return "".join(out)
 
 
-def scenario_line(sc: dict) -> str:
+def scenario_line(sc: dict[str, Any]) -> str:
     """The scenario in one line, as the terminal table's title says it."""
     try:
         line = (
@@ -169,7 +170,7 @@ def _dl(title: str, items: list[tuple[str, object]]) -> str:
     return f"<div><h3>{esc(title)}</h3><dl>{rows}</dl></div>"
 
 
-def scenario(sc: dict) -> str:
+def scenario(sc: dict[str, Any]) -> str:
     skip = {"expect", "description", "designs"}
     items = [(k, v) for k, v in sc.items() if k not in skip and not isinstance(v, dict | list)]
     if sc.get("description"):
