@@ -34,10 +34,11 @@ bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the 
 	$(BIN)/crashbench bench
 	$(BIN)/python bench/compare_vs_lesson.py
 
-scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario, as shipped, against its own exact expectations
+scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exact expectations, then recounted from its timeline
 	set -e; for s in scenarios/*.toml; do \
 	  case $$s in *-worker-python.toml) wp="--worker-python $(ARQ_PY)";; *) wp="";; esac; \
-	  $(BIN)/crashbench check --scenario $$s --plain $$wp; done
+	  $(BIN)/crashbench check --scenario $$s --plain $$wp --out results/scenarios; \
+	  $(BIN)/crashbench recount latest --dir results/scenarios; done
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py results/readme/saboteurs

@@ -8,10 +8,26 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedKill:
+class Fault:
+    """One planned fault: a kind, a target, a start and, where it has one, an end. Every kind goes
+    through one scheduler (crashbench.injector), so faults of different kinds may overlap."""
+
     index: int
-    at: float  # seconds after the workers start
-    slot: int
+    at: float  # its start, seconds after the workers start
+    slot: int  # the worker slot it hits; -1: the server
+    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover"
+    signal: str = "SIGKILL"  # a signal fault's signal
+    kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
+    target: str = "tree"  # for a worker that is a process tree: tree, parent or child
+    duration: float = 0.0  # a pause's (SIGSTOP) or a broker kill's downtime; 0: it has no end
+
+    @property
+    def end(self) -> float | None:
+        return round(self.at + self.duration, 6) if self.duration else None
+
+    @property
+    def on_worker(self) -> bool:
+        return self.kind == "signal"
 
 
 @dataclass(slots=True)

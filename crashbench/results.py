@@ -23,8 +23,8 @@ from typing import Any
 from crashbench import __version__, timeline
 from crashbench.counts import Counts, Problem, TotalQueue
 from crashbench.records import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
+from crashbench.records import Fault as Fault
 from crashbench.records import KillRecord as KillRecord
-from crashbench.records import PlannedKill as PlannedKill
 from crashbench.records import WorkerExit as WorkerExit
 from crashbench.server import ServerInfo
 from crashbench.timeline import Timeline
@@ -83,7 +83,7 @@ class DesignRun:
     timings: Timings
     kills: list[KillRecord]
     repeat: int = 0  # which repeat of the scenario this run is (0-based); its seed is the scenario's + repeat
-    schedule: list[PlannedKill] = field(default_factory=list)  # the fault schedule the seed gave
+    schedule: list[Fault] = field(default_factory=list)  # the fault schedule the seed gave
     broker_fault: BrokerFaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)

@@ -1,16 +1,17 @@
-"""One crash run of one design: enqueue, start workers, inject the fault schedule, drain, count.
+"""One crash run of one design: setup (enqueue, start the workers), the loop that fires the fault
+schedule (crashbench.injector), the drain (crashbench.drain), and the collection of what the run
+recorded into its timeline (crashbench.timeline), which the result is computed from (crashbench.tally).
 
-Single-threaded on purpose: the main loop (`_tick`) tails the ledger, reaps workers, runs the
-design's recovery on its timer and reports progress; signal handlers only set a flag it reads
-(crashbench.stopflag). The result is tallied from what the run recorded (crashbench.tally).
-Every process started here is stopped in `finally`, whatever happened.
+Single-threaded on purpose: every wait calls `_tick`, which tails the ledger, reaps workers, runs the
+design's recovery on its timer, samples the queue's depth and reports progress; signal handlers only
+set a flag it reads (crashbench.stopflag). Every process started here is stopped in `finally`,
+whatever happened.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,16 +20,18 @@ from typing import TypeVar
 import redis
 
 from crashbench import inspector, lease, tally, workdirs
-from crashbench.broker import Broker, Producer, wait_back
+from crashbench.broker import Broker, Producer
 from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
+from crashbench.drain import drain
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
-from crashbench.faults import PlannedKill, plan_kills
+from crashbench.faults import plan
+from crashbench.injector import BrokerFaults, WorkerFaults
 from crashbench.interpreter import WorkerPython
 from crashbench.ledger import Execution, Ledger
-from crashbench.results import BrokerFaultRecord, DesignRun, KillRecord, WorkerExit
+from crashbench.results import DesignRun, WorkerExit
 from crashbench.scenario import Scenario
 from crashbench.stopflag import StopFlag
-from crashbench.supervisor import Supervisor, WorkerProcess
+from crashbench.supervisor import Supervisor
 from crashbench.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.worker import DOWN, WorkerSpec, run_worker
 from crashbench.workload import job_ids
@@ -59,7 +62,6 @@ class CrashRun:
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
     DEPTH_EVERY = 0.25  # seconds between the harness's readings of the queue's depth (the timeline)
     DEPTH_COST = 30  # ... and at least this many times as long as the last reading took
-    MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
 
     def __init__(
         self,
@@ -106,8 +108,8 @@ class CrashRun:
         url_file = str(broker.url_file) if broker else None
         settings = scenario.settings(design_spec)
         wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
-        self.producer: Producer | None = None
-        self.broker_fault: BrokerFaultRecord | None = None
+        self.planned = plan(scenario)
+        self.broker_faults: BrokerFaults | None = None
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
@@ -122,21 +124,20 @@ class CrashRun:
             return lambda: run_worker(wspec, name, path, parent)
 
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
-        self.kills: list[KillRecord] = []
+        self.worker_faults = WorkerFaults(
+            self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.longest_job_s
+        )
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
         self.t0 = 0.0
         self._next_recover = 0.0
         self._next_progress = 0.0
-        self._paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
-        self._held_at_fault: set[str] = set()  # the inspector's reading when the broker fault struck
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
         self.enqueues: list[tuple[float, list[str]]] = []  # (harness clock, ids) sent before the workers start
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.depth: list[Depth] = []
         self._next_depth = 0.0
         self.started = 0.0  # wall clock at t0
-        self.cut_off = False  # the drain hit its bound while the queue still made progress
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -191,15 +192,16 @@ class CrashRun:
         self._wait_ready()
 
         self.phase = "faults"
-        if self.broker is not None:
-            self._broker_phase(_jobs(ids))
-        for planned in plan_kills(self.sc):
-            self.kills.append(self._inject(planned))
+        self._fire_faults(ids)
         faults_end = self.clock()
 
         self.phase = "draining"
         self.marks.append((self.clock(), "drain", -1))
-        drained = self._drain(faults_end)
+        ended = drain(
+            self._tick, self.clock, lambda: len(self.ledger.executions),
+            lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
+            lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S, self.TICK,
+        )  # fmt: skip
         drained_at = self.clock()
 
         self.phase = "counting"
@@ -209,7 +211,7 @@ class CrashRun:
         self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
         self.design.recover(self.clock() + self.sc.stale_after)
-        return self._result(ids, drained, drained_at, faults_end)
+        return tally.design_run(self._timeline(ended.drained, ended.cut_off, drained_at, faults_end))
 
     def _tick(self) -> None:
         if self.stop.raised:
@@ -217,10 +219,7 @@ class CrashRun:
         self.ledger.poll()
         self._collect_exits()
         now = self.clock()
-        for name, (resume_at, w) in list(self._paused.items()):
-            if now >= resume_at:
-                self.sup.thaw(w)
-                del self._paused[name]
+        self.worker_faults.thaw_due(now)
         if now >= self._next_recover and self.phase != "starting":
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
@@ -242,8 +241,8 @@ class CrashRun:
                 self.phase,
                 self.sc.jobs,
                 self.ledger.done,
-                len(self.kills),
-                self.sc.kills,
+                len(self.worker_faults.records),
+                len(self.worker_faults.records) + len(self.worker_faults.queue),
                 len(self.sup.alive()),
                 now - self.t0,
             )
@@ -285,50 +284,25 @@ class CrashRun:
         except DOWN:
             return down
 
-    def _broker_phase(self, jobs: list[Job]) -> None:
-        """Produce during the run; kill (and restart) or fail over the server at `fault_at`."""
-        assert self.broker is not None
-        producer = self.producer = Producer(jobs, self.sc.produce_s, self.t0)
-        due = self.t0 + self.sc.fault_at
-        lag_due = due - self.sc.replica_lag if self.sc.replica_lag else None
-        back_due: float | None = None
-        while not producer.done or self.broker_fault is None or back_due is not None:
+    def _fire_faults(self, ids: list[str]) -> None:
+        """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
+        broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
+        workers, broker = self.worker_faults, None
+        workers.t0 = self.t0
+        if self.broker is not None:
+            producer = Producer(_jobs(ids), self.sc.produce_s, self.t0)
+            broker = self.broker_faults = BrokerFaults(
+                self.planned, self.broker, producer, self.sc.replica_lag, self.sc.persistence, self._locate,
+                self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
+            )  # fmt: skip
+            broker.t0 = self.t0
+        while not workers.done or (broker is not None and not broker.done):
             self._tick()
-            now = self.clock()
-            producer.produce(self.design, now)
-            if lag_due is not None and now >= lag_due:
-                self.broker.cut_replica()
-                self.marks.append((now, "replica_cut", -1))
-                lag_due = None
-            if lag_due is None and self.sc.replica_lag:
-                producer.lagging = True
-            if self.broker_fault is None and now >= due:
-                # The harness's own reading of what the server holds as it dies: nothing runs in this
-                # loop between this read and the fault, and workers only take jobs away meanwhile.
-                held = set(self._locate().held)
-                self._held_at_fault = held
-                now = self.clock()
-                self.broker_fault = BrokerFaultRecord(
-                    self.sc.fault, self.sc.persistence, rel(now, self.t0), len(held),
-                    sorted(held)[: tally.JOB_SAMPLE], len(producer.acknowledged),
-                )  # fmt: skip
-                if self.sc.fault == "failover":
-                    self.broker.failover()
-                    self.marks.append((now, "failover", -1))
-                    self._reconnect()
-                else:
-                    self.broker.kill()
-                    self.marks.append((now, "down", -1))
-                    back_due = now + self.sc.downtime
-            if back_due is not None and now >= back_due:
-                self.broker.restart()
-                wait_back(self.broker.url)
-                back_due = None
-            if self.broker_fault is not None and self.broker_fault.back_at is None and back_due is None:
-                back_at = self.clock()
-                self.broker_fault.back_at = rel(back_at, self.t0)
-                self.marks.append((back_at, "up", -1))
-            time.sleep(self.TICK)
+            if broker is not None:
+                broker.producer.produce(self.design, self.clock())
+                broker.step(self.clock())
+            waiting = workers.step(self.clock())
+            time.sleep(self.TICK / 10 if waiting else self.TICK)
 
     def _reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
@@ -347,117 +321,6 @@ class CrashRun:
             self._tick()
             time.sleep(self.TICK)
 
-    def _inject(self, planned: PlannedKill) -> KillRecord:
-        due = self.t0 + planned.at
-        sig = self.sc.signum
-        mid_job_wanted = self.sc.kill_when == "mid-job"
-        # If no job reaches the victim (the queue ran dry), kill it anyway after a while, counted
-        # from when it was due and ready; the record then says it was not mid-job.
-        wait = max(self.MID_JOB_WAIT, 20 * self.sc.longest_job_s)
-        while True:
-            self._tick()
-            now = self.clock()
-            victim = self.sup.slots[planned.slot]
-            ready = self.ledger.ready_at(victim.name)
-            if now < due or ready is None or victim.name in self._paused:
-                time.sleep(self.TICK)
-                continue
-            if mid_job_wanted and now < max(due, ready) + wait:
-                if self.ledger.inside(victim.name) is None:
-                    time.sleep(self.TICK / 10)
-                    continue
-                if not self._frozen_inside(victim):
-                    continue
-                return self._kill(planned, victim, sig, due, frozen=True)
-            return self._kill(planned, victim, sig, due, frozen=False)
-
-    def _frozen_inside(self, victim: WorkerProcess) -> bool:
-        """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze)."""
-        if not self.sup.freeze(victim):
-            self.sup.thaw(victim)
-            return False
-        self.ledger.poll(victim.name)
-        if self.ledger.inside(victim.name) is None:
-            self.sup.thaw(victim)
-            return False
-        return True
-
-    def _kill(self, planned: PlannedKill, victim: WorkerProcess, sig: int, due: float, frozen: bool) -> KillRecord:
-        at = self.clock()
-        self.ledger.poll(victim.name)
-        # Exact when frozen (checked after the freeze); for "any", as of this last look.
-        opened = self.ledger.open_in(victim.name)
-        replacement = None
-        target = self.sc.kill_target if self.design_cls.own_worker else "worker"
-        inside = opened[-1] if opened else None
-        child = inside.pid if inside and inside.pid != victim.pid else 0
-        if sig == signal.SIGSTOP:
-            # A pause, not a death: the worker keeps its slot and resumes after `pause` seconds.
-            self.sup.send(victim, sig)
-            self._paused[victim.name] = (at + self.sc.pause, victim)
-        else:
-            target, killed = self.sup.deliver(victim, sig, target, child, frozen)
-            if target != "child":
-                replacement = self.sup.spawn(planned.slot)
-            if sig == signal.SIGKILL:
-                self.sup.wait_dead(victim if target != "child" else None, killed)
-                opened = self._killed_inside(victim, child if target == "child" else 0)
-                inside = opened[-1] if opened else None
-        return KillRecord(
-            index=planned.index,
-            planned_at=planned.at,
-            at=round(at - self.t0, 6),
-            slot=planned.slot,
-            worker=victim.name,
-            pid=victim.pid,
-            signal=signal.Signals(sig).name,
-            target=target,
-            mid_job=inside is not None,
-            job=inside.job if inside else None,
-            jobs=[ex.job for ex in opened],
-            waited_ms=round((at - due) * 1000, 3),
-            replacement=replacement.name if replacement else None,
-        )
-
-    def _killed_inside(self, victim: WorkerProcess, child: int) -> list[Execution]:
-        """Once a SIGKILL landed and every process it hit is gone, the victim's ledger is final: the
-        executions it died inside are what that ledger says alone (started, never ended), not an
-        earlier look, oldest first. `child`: only that process died; its worker lives on and may have
-        started another job."""
-        self.ledger.poll(victim.name)
-        opened = [ex for ex in self.ledger.open_in(victim.name) if not child or ex.pid == child]
-        if child:
-            self.ledger.abandon(victim.name, child)  # its executions will never end
-        return opened
-
-    def _drain(self, faults_end: float) -> bool:
-        """Wait until the backlog is 0 and no worker is inside a handler. Give up once no handler has
-        started for `window` seconds (the queue is stuck, or waits on a recovery timeout longer than
-        the window): a slow queue that still makes progress is not cut off, a stuck one is not waited
-        on forever. At most 10 windows after the last fault, whatever happens: a drain that hits that
-        bound while handlers still start is `cut_off`, its backlog undrained rather than stranded."""
-        next_check = 0.0
-        settle, empty_since = self.design.SETTLE_S, None  # drained once empty for `settle` seconds
-        deadline, hard = faults_end + self.window, faults_end + 10 * self.window
-        started = len(self.ledger.executions)
-        while (now := self.clock()) < min(deadline, hard):
-            self._tick()
-            if len(self.ledger.executions) != started:
-                started = len(self.ledger.executions)
-                deadline = now + self.window
-            if now >= next_check:
-                next_check = now + 0.02
-                busy = any(self.ledger.inside(w.name) for w in self.sup.alive())
-                if busy or self._tolerant(self.design.backlog, -1) != 0:
-                    empty_since = None
-                else:
-                    empty_since = now if empty_since is None else empty_since
-                    if now - empty_since >= settle:
-                        return True
-            time.sleep(self.TICK)
-        self.cut_off = deadline > hard  # a handler started within the last window: still making progress
-        return False
-
     # -- counting --------------------------------------------------------------------------------
 
     def _locate(self) -> Located:
@@ -465,20 +328,20 @@ class CrashRun:
         self.inspect_s += snapshot.taken_s
         return self.design.locate(snapshot)
 
-    def _result(self, ids: list[str], drained: bool, drained_at: float, faults_end: float) -> DesignRun:
+    def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
+        """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
         state = self.design.state()
         located = self._locate()
-        t0 = self.t0
-        producer = self.producer
-        if producer is not None:
-            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in producer.chunks]
+        t0, bf = self.t0, self.broker_faults
+        if bf is not None:
+            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in bf.producer.chunks]
         else:
             enqueues = [Enqueue(rel(t, t0), chunk) for t, chunk in self.enqueues]
         cls = self.design_cls
-        tl = Timeline(
+        return Timeline(
             index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
             scenario=self.sc.to_dict(), design=DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once),
-            t0=t0, started=self.started, window=self.window, produced=producer is not None,
+            t0=t0, started=self.started, window=self.window, produced=bf is not None,
             configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
@@ -487,11 +350,10 @@ class CrashRun:
                           ex.failed, ex.pid, ex.xid)
                 for ex in self.ledger.executions
             ],
-            ledger_problems=list(self.ledger.problems), planned=plan_kills(self.sc), kills=self.kills,
+            ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
             marks=[Mark(rel(t, t0), what, n) for t, what, n in self.marks], depth=self.depth,
-            broker_fault=self.broker_fault, exits=self.exits, held_at_fault=sorted(self._held_at_fault),
-            located=located, state=state, faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0),
-            drained=drained, cut_off=self.cut_off, inspect_s=round(self.inspect_s, 4),
-            workdir=str(self.dir) if self.keep_dir else None,
+            broker_fault=bf.record if bf else None, exits=self.exits,
+            held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
+            faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
+            inspect_s=round(self.inspect_s, 4), workdir=str(self.dir) if self.keep_dir else None,
         )  # fmt: skip
-        return tally.design_run(tl)

@@ -3,7 +3,7 @@
     name = "lesson"
     description = "..."
     [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
-    [faults]    kills, interval, signal, kill_when, seed, pause
+    [faults]    kills, interval, signal, kill_when, seed, pause   (or [[faults]] entries: crashbench.faults)
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
                 batch_size, concurrency
     [run]       drain_timeout, designs
@@ -24,7 +24,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from crashbench import thresholds
+from crashbench import faults, thresholds
 from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
 from crashbench.scenario_files import available as available
@@ -139,6 +139,7 @@ class Scenario:
     seed: int = 1
     pause: float = 1.0  # seconds a SIGSTOPped worker stays paused before SIGCONT
     kill_target: str = "tree"
+    schedule: tuple[dict[str, Any], ...] = ()  # [[faults]] signal entries (crashbench.faults), besides the above
     # queue
     stale_after: float = 1.0
     recover_every: float = 0.25
@@ -244,6 +245,12 @@ class Scenario:
         if not isinstance(self.designs, tuple) or not all(isinstance(d, str) for d in self.designs):
             p.append(f"run.designs must be a list of design names, not {_show(self.designs)}")
         p += [f"[library.{_key(d)}] {problem}" for d, table in self.library.items() for problem in _infinite(table)]
+        if NUMBERS["workers"].accepts(self.workers):
+            p += [
+                q
+                for n, e in enumerate(self.schedule, 1)
+                for q in faults.entry_problems(e, n, self.workers, FAULT_SIGNALS)
+            ]
         lag, at = self.replica_lag, self.fault_at
         if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
             if lag and self.fault != "failover":
@@ -264,6 +271,7 @@ class Scenario:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["designs"] = tuple(values.get("designs", ()))
+        values["schedule"] = tuple(values.get("schedule", ()))
         values["expect"] = {
             d: tuple(thresholds.parse(rule, design=d, source="scenario") for rule in rules)
             for d, rules in values.get("expect", {}).items()
@@ -327,6 +335,11 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
                 values[key] = value
             else:
                 problems.append(f"{key} must be a string")
+        elif key == "faults" and isinstance(value, list):
+            faults.parse_entries(value, values, problems)
+            for entry in values["schedule"]:
+                if isinstance(entry.get("signal"), str | int) and not isinstance(entry["signal"], bool):
+                    entry["signal"] = _signal_name(entry["signal"])
         elif key in SECTIONS:
             if not isinstance(value, dict):
                 problems.append(f"[{key}] must be a table")

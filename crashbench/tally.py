@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from crashbench import counts as counting
 from crashbench import evidence
-from crashbench.faults import plan_kills
 from crashbench.ledger import Execution
 from crashbench.results import DesignRun, KillRecord, Timings
 from crashbench.scenario import Scenario
@@ -104,7 +103,7 @@ def design_run(tl: Timeline) -> DesignRun:
         timings=_timings(tl, sc, kill_records, c.done, recoveries),
         kills=kill_records,
         repeat=tl.repeat,
-        schedule=plan_kills(sc),
+        schedule=tl.planned,
         broker_fault=tl.broker_fault,
         worker_exits=tl.exits,
         duplicates=dict(sorted((j, n) for j, n in completed.items() if n > 1)[:JOB_SAMPLE]),

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from crashbench.designs import Located, QueueState
 from crashbench.ledger import Execution, LedgerProblem
-from crashbench.records import BrokerFaultRecord, KillRecord, PlannedKill, WorkerExit
+from crashbench.records import BrokerFaultRecord, Fault, KillRecord, WorkerExit
 
 SCHEMA = "crashbench.timeline"
 SCHEMA_VERSION = 1
@@ -111,7 +111,7 @@ class Timeline:
     ready: dict[str, float] = field(default_factory=dict)
     executions: list[Execution] = field(default_factory=list)
     ledger_problems: list[LedgerProblem] = field(default_factory=list)
-    planned: list[PlannedKill] = field(default_factory=list)
+    planned: list[Fault] = field(default_factory=list)
     kills: list[KillRecord] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     depth: list[Depth] = field(default_factory=list)
@@ -262,7 +262,7 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "ready":
         tl.ready[d["worker"]] = d["t"]
     elif e == "planned":
-        tl.planned.append(PlannedKill(**d))
+        tl.planned.append(Fault(**d))
     elif e == "kill":
         tl.kills.append(KillRecord(**d))
     elif e == "mark":

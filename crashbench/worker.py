@@ -193,7 +193,15 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     connect = Connector(spec, name)
     design = connect.design()
     ledger = LedgerWriter(ledger_path)
-    design.start_worker(name, clock())
+    try:
+        design.start_worker(name, clock())
+    except DOWN:
+        if spec.url_file is None:  # no broker fault: a server that does not answer is an error
+            raise
+        # A replacement started while the server is down (a worker fault overlapping a broker fault):
+        # it waits for the server, as a running worker does.
+        design = connect.again()
+        design.start_worker(name, clock())
     ledger.ready(clock())
     wait_gate(gate)
 

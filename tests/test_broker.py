@@ -76,3 +76,22 @@ def test_broker_faults_and_persistence_are_refused_on_a_server_crashbench_does_n
     sc = dataclasses.replace(backlog, fault="none", persistence="aof-always")
     with pytest.raises(UsageError, match="only to a server it started"):
         run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
+
+
+def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenario) -> None:
+    """One scheduler fires both kinds: a worker is SIGKILLed while the server is down, and the counts
+    stay exact (no persistence: what the server held at its kill and never ran is what is lost)."""
+    entry = {"signal": "SIGKILL", "at": 0.5, "count": 4, "every": 0.3, "kill_when": "any"}
+    sc = dataclasses.replace(backlog, schedule=(entry,), downtime=0.5)  # the server is down from 0.8 s to ~1.3 s
+    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.problems == [] and bf is not None and bf.back_at is not None
+    assert [k.planned_at for k in run.kills] == [0.5, 0.8, 1.1, 1.4]
+    during = [k for k in run.kills if bf.at < k.at < bf.back_at]
+    assert 1.1 in [k.planned_at for k in during], (bf, run.kills)
+    # Its replacement waited for the server to come back before it said READY.
+    late = next(k for k in during if k.planned_at == 1.1)
+    assert late.replacement_ready_ms is not None and late.at + late.replacement_ready_ms / 1000 > bf.back_at
+    assert [f.kind for f in run.schedule] == ["signal", "signal", "broker-kill", "signal", "signal"]
+    assert c.kills == 4 and c.worker_crashes == 0
+    assert c.lost == c.held_at_fault > 0 and c.done == 600 - c.lost

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from crashbench import scenario, scenario_files
 from crashbench.errors import ScenarioError, UsageError
-from crashbench.faults import plan_kills
+from crashbench.faults import Fault, plan
 from crashbench.session import sweep_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,10 +95,10 @@ def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: 
 
 def test_same_seed_same_schedule_other_seed_other_victims() -> None:
     sc = scenario.Scenario(kills=20, workers=4)
-    assert plan_kills(sc) == plan_kills(sc)
-    other = plan_kills(sc.with_overrides(seed=2))
-    assert [k.slot for k in other] != [k.slot for k in plan_kills(sc)]
-    assert [k.at for k in plan_kills(sc)][:3] == [0.5, 1.0, 1.5]
+    assert plan(sc) == plan(sc)
+    other = plan(sc.with_overrides(seed=2))
+    assert [k.slot for k in other] != [k.slot for k in plan(sc)]
+    assert [k.at for k in plan(sc)][:3] == [0.5, 1.0, 1.5]
 
 
 def test_sweep_values_follow_the_settings_declared_type() -> None:
@@ -247,3 +249,66 @@ def test_square_brackets_in_an_error_are_printed_as_written(tmp_path: Path) -> N
     assert cp.returncode == 2 and "[workload] must be a table" in cp.stderr, cp.stderr
     cp = crashbench("run", "-t", "[x]: lost=0", cwd=tmp_path)
     assert cp.returncode == 2 and "[x]" in cp.stderr, cp.stderr
+
+
+MIXED = """
+name = "mixed"
+[workload]
+workers = 3
+[[faults]]
+signal = "term"
+at = 0.4
+count = 3
+every = 0.3
+[[faults]]
+kind = "broker-kill"
+at = 0.9
+downtime = 0.4
+[[faults]]
+signal = "SIGSTOP"
+slot = 2
+at = 1.0
+pause = 0.5
+"""
+
+
+def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
+    sc = scenario.parse(tomllib.loads(MIXED), "mixed.toml")
+    assert (sc.kills, sc.fault, sc.fault_at, sc.downtime) == (0, "kill", 0.9, 0.4)
+    faults = plan(sc)
+    assert [(f.at, f.kind, f.signal) for f in faults] == [
+        (0.4, "signal", "SIGTERM"), (0.7, "signal", "SIGTERM"), (0.9, "broker-kill", "SIGKILL"),
+        (1.0, "signal", "SIGTERM"), (1.0, "signal", "SIGSTOP"),
+    ]  # fmt: skip
+    assert faults[2] == Fault(2, 0.9, -1, "broker-kill", duration=0.4) and faults[2].end == 1.3
+    assert faults[4].slot == 2 and faults[4].end == 1.5  # a pause ends; a kill has no end
+    assert faults[0].end is None and all(0 <= f.slot < 3 for f in faults if f.on_worker)
+    assert plan(sc) == faults  # seeded
+    # The command line adds a periodic group: it draws its slots first, the entries keep their times.
+    more = plan(sc.with_overrides(kills=2, interval=0.25))
+    assert [f.at for f in more if f.signal == "SIGKILL" and f.on_worker] == [0.25, 0.5]
+    assert sorted(f.at for f in more if f.signal == "SIGTERM") == [0.4, 0.7, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ('kind = "network"', "kind must be signal, broker-kill or failover, not 'network'"),
+        ("slot = 3", "slot must be a worker slot, 0 to 2, not 3"),
+        ("count = 1.5", "count must be a whole number"),
+        ("every = -1", "every must be at least 0"),
+        ('signal = "SIGNOPE"', "signal must be one of"),
+        ('kill_when = "later"', "kill_when must be mid-job or any"),
+        ("downtime = 1", "unknown key 'downtime'"),
+    ],
+)
+def test_a_faults_entry_that_cannot_run_is_a_scenario_problem(entry: str, problem: str) -> None:
+    text = f"[workload]\nworkers = 3\n[[faults]]\n{entry}\n"
+    with pytest.raises(ScenarioError, match=re.escape(problem)):
+        scenario.parse(tomllib.loads(text), "bad.toml")
+
+
+def test_a_run_has_at_most_one_broker_fault() -> None:
+    text = '[[faults]]\nkind = "broker-kill"\n[[faults]]\nkind = "failover"\n'
+    with pytest.raises(ScenarioError, match="at most one broker fault"):
+        scenario.parse(tomllib.loads(text), "two.toml")

@@ -4,9 +4,17 @@ that checks nothing would fail."""
 
 from __future__ import annotations
 
-import pytest
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
 
-from crashbench import scenario
+import pytest
+from click.testing import CliRunner
+
+from crashbench import recount, scenario
+from crashbench.cli import cli
+from crashbench.errors import ExitCode
 from crashbench.session import Options, run_designs
 
 # Run whole here, within the suite's time budget. `make scenarios` checks every shipped scenario the
@@ -16,7 +24,7 @@ SHIPPED = ["default", "ci", "poison", "broker-kill-none"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_a_shipped_scenario_meets_its_own_expectations(name: str) -> None:
+def test_a_shipped_scenario_meets_its_own_expectations(name: str, tmp_path: Path) -> None:
     sc = scenario.load(name)
     result = run_designs(sc, list(sc.designs), Options(), kind="check")
     failing = [
@@ -26,3 +34,30 @@ def test_a_shipped_scenario_meets_its_own_expectations(name: str) -> None:
     # Every design of the scenario was checked, each with more than the default gates.
     assert result.status == "pass"
     assert all(run.thresholds_evaluated > 2 for run in result.runs)
+
+    # The saved timeline alone gives every count, timing and id again (crashbench recount).
+    saved = result.write(tmp_path)
+    again = recount.recount(*recount.load(str(saved)))
+    assert [r.differences for r in again] == [[] for _ in result.runs]
+    if name == "default":
+        _a_changed_timeline_is_not_reproduced(saved)
+
+
+def _a_changed_timeline_is_not_reproduced(saved: Path) -> None:
+    """The recount fires: one completed execution of the reliable run dropped from the saved timeline
+    makes its job not done (and lost or stranded), and `crashbench recount` exits 4 naming the counts."""
+    path = saved.with_name(saved.stem + ".timeline.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        lines = f.read().splitlines()
+    events = [json.loads(line) for line in lines]
+    starts = [i for i, e in enumerate(events) if e["e"] == "run"]
+    reliable = range(starts[1], starts[2])
+    done = Counter(events[i]["j"] for i in reliable if events[i]["e"] == "x" and events[i]["d"] is not None)
+    drop = next(i for i in reliable if events[i]["e"] == "x" and done[events[i]["j"]] == 1 and not events[i]["f"])
+    del lines[drop]
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out = CliRunner().invoke(cli, ["recount", str(saved)])
+    assert out.exit_code == ExitCode.INCONCLUSIVE, out.output
+    assert "run 0 naive: reproduced" in out.output and "run 2 stream: reproduced" in out.output
+    assert "counts.done: saved 2000, recounted 1999" in out.output
