@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries clean
+.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries report-screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,15 @@ libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenari
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
 	    --worker-python $(ARQ_PY); done
 	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
+
+# The README's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
+# picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
+report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's HTML report, screenshotted
+	rm -rf results/readme/report
+	$(BIN)/crashbench compare --plain --out results/readme/report --html docs/report-compare.html
+	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,2600 \
+	  --screenshot=docs/report-compare.png file://$(CURDIR)/docs/report-compare.html
+	rm docs/report-compare.html  # `crashbench report` writes it again from results/readme/report
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 	$(BIN)/python bench/inspector_cost.py

@@ -119,6 +119,7 @@ OUTPUT_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--junit", type=click.Path(path_type=Path), metavar="FILE", help="Write JUnit XML: one test case per design x threshold."),
     click.option("--markdown", type=click.Path(path_type=Path), metavar="FILE", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)."),
     click.option("--csv", "csv_path", type=click.Path(path_type=Path), metavar="FILE", help="Write one CSV row per run: every count and timing."),
+    click.option("--html", "html_path", type=click.Path(path_type=Path), metavar="FILE", help="Write the HTML report: every run's timeline (lanes, faults, recoveries, queue depth), counts and thresholds, in one self-contained file."),
     click.option("--no-color", is_flag=True, help="No colours (also: the NO_COLOR environment variable)."),
     click.option("--plain", is_flag=True, help="Plain style for CI logs: ASCII table, no colours, no live progress line."),
 ]  # fmt: skip
@@ -212,7 +213,9 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     given = parse_thresholds(opts.get("thresholds", ()))
     if baseline is None and any(t.relative for t in given):
         raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
-    export.check_paths([opts["junit"], opts["markdown"], opts["csv_path"]])  # fail now, not after the run
+    export.check_paths(
+        [opts["junit"], opts["markdown"], opts["csv_path"], opts["html_path"]]
+    )  # fail now, not after the run
     if opts.get("out_path") is not None:
         store.check_out(opts["out_path"])  # likewise: a long run's result must have somewhere to go
     return given
@@ -270,7 +273,10 @@ def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate
         if saved is not None:  # soft_wrap: a path is never cut or split, whatever the width
             out.print(f"[dim]result: {escape(str(saved))}[/]", highlight=False, soft_wrap=True)
     try:
-        export.write_exports(result, opts["junit"], opts["markdown"], opts["csv_path"], allow_unchecked=allow_unchecked)
+        export.write_exports(
+            result, opts["junit"], opts["markdown"], opts["csv_path"], allow_unchecked=allow_unchecked,
+            html_path=opts["html_path"],
+        )  # fmt: skip
     except OSError as exc:
         raise UsageError(f"cannot write an export: {exc}") from None
     cli_gate.explain(result, err, allow_unchecked)

@@ -13,6 +13,7 @@ from crashbench import cli as base
 from crashbench import recount as recounting
 from crashbench import store
 from crashbench.errors import RecountMismatch, UsageError
+from crashbench.report import html as html_report
 from crashbench.results import Result
 from crashbench.scenario import Scenario
 from crashbench.session import Options, replay_scenario, run_designs
@@ -66,7 +67,12 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, kind
 def show(ref: str, store_dir: Path, **opts: Any) -> None:
     """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
     base.prepare(opts, None)  # consoles and export paths, before reading anything
-    result = store.load(ref, store_dir)
+    if opts["html_path"] or opts["markdown"]:  # they draw the timelines
+        result, timelines = recounting.load(ref, store_dir)
+        for run, tl in zip(result.runs, timelines, strict=True):
+            run.timeline = tl
+    else:
+        result = store.load(ref, store_dir)
     env = result.environment
     if not opts["as_json"]:
         base.out.print(
@@ -133,3 +139,25 @@ def recount(ref: str, store_dir: Path, plain: bool) -> None:
             f"{len(bad)} of {len(runs)} run(s) of {result.id} differ from their timeline",
             hint="the timeline is not the record these counts came from: edited, or not saved whole",
         )
+
+
+@base.cli.command()
+@click.argument("ref", metavar="FILE|ID")
+@base.STORE_DIR
+@click.option(
+    "--out", "out_path", type=click.Path(path_type=Path), metavar="FILE",
+    help="Where to write it. [default: beside the result, <result>.html]",
+)  # fmt: skip
+@base.reports_errors
+def report(ref: str, store_dir: Path, out_path: Path | None) -> None:
+    """Write the HTML report of a saved result: every run's timeline (a lane per worker slot, every
+    execution, the faults, the recoveries, queue depth), its counts and thresholds, in one file."""
+    path = store.resolve(ref, store_dir)
+    result, timelines = recounting.load(str(path))
+    target = out_path or path.with_suffix(".html")
+    base.export.check_paths([target])
+    try:
+        html_report.write(result, timelines, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {target}: {exc.strerror}") from None
+    base.out.print(f"report: {escape(str(target))}", highlight=False, soft_wrap=True)

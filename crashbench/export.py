@@ -22,6 +22,8 @@ from pathlib import Path
 
 from crashbench.counts import Counts, Problem
 from crashbench.errors import UsageError
+from crashbench.report import html as html_report
+from crashbench.report.svg import depth_chart
 from crashbench.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
 from crashbench.thresholds import coverage
 
@@ -230,10 +232,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(result: Result) -> str:
-    """A GitHub-flavoured Markdown summary: status, scenario, a table of the key figures, the thresholds."""
+def markdown(result: Result, html: str | None = None, chart: str | None = None) -> str:
+    """A GitHub-flavoured Markdown summary: status, scenario, a table of the key figures, the thresholds.
+    `html`: the HTML report's path relative to the summary, linked; `chart`: a queue-depth SVG beside it."""
     status = result.status
     lines = [f"## {MARKS[status]} crashbench {result.kind}: {status}", "", _scenario_line(result), ""]
+    if html:
+        lines += [f"Timeline of every run (lanes, faults, recoveries, queue depth): [{Path(html).name}]({html})", ""]
+    if chart:
+        lines += [f"![queue depth over time: pending and in flight, per design]({chart})", ""]
     groups = group(result.runs)
     if groups:
         lines.append("| | " + " | ".join(_cell(name) for name in groups) + " |")
@@ -310,22 +317,40 @@ def write_exports(
     csv_path: Path | None,
     environ: Mapping[str, str] = os.environ,
     allow_unchecked: bool = False,
+    html_path: Path | None = None,
 ) -> list[Path]:
     """Write each export given; append the Markdown to `$GITHUB_STEP_SUMMARY` when set (GitHub Actions
     shows that file on the job's page). Returns the paths written, the summary file included.
-    `allow_unchecked`: a design without thresholds is skipped in JUnit, not failed."""
+    `allow_unchecked`: a design without thresholds is skipped in JUnit, not failed. The HTML report
+    and the Markdown's chart need every run's timeline (`DesignRun.timeline`)."""
     written: list[Path] = []
+    timelines = [r.timeline for r in result.runs if r.timeline is not None]
+    if len(timelines) != len(result.runs):
+        timelines = []
+    if html_path is not None:
+        if not timelines:
+            raise UsageError("no timeline to draw: the result was saved without one")
+        written.append(html_report.write(result, timelines, html_path))
+    link = chart = None
+    if markdown_path is not None:
+        if html_path is not None:
+            link = os.path.relpath(html_path, markdown_path.parent)
+        if timelines:
+            svg = markdown_path.with_name(markdown_path.stem + ".depth.svg")
+            svg.write_text(depth_chart(timelines), encoding="utf-8")
+            written.append(svg)
+            chart = svg.name
     md: str | None = None
     renders: tuple[tuple[Path | None, Callable[[Result], str]], ...] = (
         (junit_path, lambda r: junit(r, allow_unchecked)),
-        (markdown_path, markdown),
+        (markdown_path, lambda r: markdown(r, link, chart)),
         (csv_path, csv_text),
     )
     for path, render in renders:
         if path is None:
             continue
         text = render(result)
-        if render is markdown:
+        if path is markdown_path:
             md = text
         with path.open("w", encoding="utf-8", newline="") as f:
             f.write(text)
