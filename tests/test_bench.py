@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.bench import BenchSettings, measure, memory, restarts
-from crashbench.server import ServerInfo
+from crashbench.run.server import ServerInfo
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from crashbench.errors import UsageError
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 
 
 @pytest.fixture

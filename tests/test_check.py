@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.counts import Problem
 from crashbench.errors import ExitCode
-from crashbench.results import DesignRun
+from crashbench.evidence.counts import Problem
+from crashbench.report.results import DesignRun
 from crashbench.scenario import Scenario
 from tests.test_cli import SMALL, assert_clean_error, crashbench
 from tests.test_export import SCENARIO, result, run

@@ -10,11 +10,11 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from crashbench import lease
 from crashbench.cli import cli
 from crashbench.errors import ExitCode
+from crashbench.run import lease
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 
 
 @pytest.fixture

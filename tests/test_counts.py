@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from crashbench.counts import count, total_queue
 from crashbench.designs import DesignSettings, Located, QueueState
-from crashbench.ledger import Execution
-from crashbench.workload import Workload, job_ids
+from crashbench.evidence.counts import count, total_queue
+from crashbench.evidence.ledger import Execution
+from crashbench.run.workload import Workload, job_ids
 
 
 def ex(job: str, done: bool = True, start: float = 1.0, failed: bool = False) -> Execution:

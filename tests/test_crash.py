@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from crashbench.errors import RunAborted, UnexpectedError
-from crashbench.results import DesignRun
+from crashbench.report.results import DesignRun
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 
 
 def assert_evidence_agrees(run: DesignRun) -> None:

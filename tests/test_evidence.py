@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from crashbench.designs import Located, QueueState
-from crashbench.evidence import Evidence, KillFact, check
-from crashbench.ledger import Execution, LedgerProblem
+from crashbench.evidence.checks import Evidence, KillFact, check
+from crashbench.evidence.ledger import Execution, LedgerProblem
 
 IDS = ["a", "b", "c", "d"]
 

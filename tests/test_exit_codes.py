@@ -18,8 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from crashbench import cli_gate, errors
-from crashbench.cli_gate import EXIT_FOR_STATUS
+from crashbench import errors
+from crashbench.cli import gate as cli_gate
+from crashbench.cli.gate import EXIT_FOR_STATUS
 from crashbench.errors import ExitCode
 from tests.test_cli import SMALL, assert_clean_error, crashbench
 
@@ -29,15 +30,15 @@ SOURCE = ROOT / "crashbench"
 # Every call that ends a process, by (file, function), and why it is allowed. The CLI's exits all
 # take an ExitCode; the others end forked children, whose exit status crashbench reads itself.
 ALLOWED_EXITS = {
-    ("cli.py", "fail"): "a CrashbenchError's exit_code (an ExitCode)",
-    ("cli.py", "report"): "cli_gate.exit_code: an ExitCode from the result's status",
-    ("cli.py", "main"): "cli_gate.run_cli: an ExitCode around click's own exits",
-    ("supervisor.py", "spawn"): "a forked worker child ends with os._exit, never returning into the runner",
-    ("supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
-    ("reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
+    ("cli/common.py", "fail"): "a CrashbenchError's exit_code (an ExitCode)",
+    ("cli/common.py", "report"): "cli_gate.exit_code: an ExitCode from the result's status",
+    ("cli/__init__.py", "main"): "gate.run_cli: an ExitCode around click's own exits",
+    ("run/supervisor.py", "spawn"): "a forked worker child ends with os._exit, never returning into the runner",
+    ("run/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
+    ("run/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
-WORKER_MODULES = {"worker.py", "task.py"}
+WORKER_MODULES = {"run/worker.py", "run/task.py"}
 
 
 def exits_in(path: Path) -> list[tuple[str, str, str]]:
@@ -66,14 +67,15 @@ def test_every_exit_in_the_source_is_an_allowed_one_and_the_cli_s_take_an_exit_c
     seen: set[tuple[str, str]] = set()
     for path in sorted(SOURCE.rglob("*.py")):
         for function, called, args in exits_in(path):
-            where = (path.name, function)
-            if path.name in WORKER_MODULES:
+            name = path.relative_to(SOURCE).as_posix()
+            where = (name, function)
+            if name in WORKER_MODULES:
                 continue
-            assert where in ALLOWED_EXITS, f"{path.name}: {function} calls {called}({args}): not a documented exit"
+            assert where in ALLOWED_EXITS, f"{name}: {function} calls {called}({args}): not a documented exit"
             seen.add(where)
-            if path.name == "cli.py":
-                assert any(k in args for k in ("ExitCode", "exit_code", "run_cli")), f"cli.py {function}: {args}"
-    assert {w for w in ALLOWED_EXITS if w[0] == "cli.py"} <= seen  # the CLI's are where this test looks
+            if name.startswith("cli/"):
+                assert any(k in args for k in ("ExitCode", "exit_code", "run_cli")), f"{name} {function}: {args}"
+    assert {w for w in ALLOWED_EXITS if w[0].startswith("cli/")} <= seen  # the CLI's are where this test looks
     for fn in (cli_gate.exit_code, cli_gate.run_cli):  # the two that compute a CLI exit
         assert typing.get_type_hints(fn)["return"] is ExitCode
 

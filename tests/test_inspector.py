@@ -6,9 +6,9 @@ import json
 
 import redis
 
-from crashbench import inspector
 from crashbench.designs import DesignSettings
 from crashbench.designs.reliable import ReliableQueue
+from crashbench.evidence import inspector
 
 
 def test_every_key_type_is_read_and_only_the_run_s_keys(client: redis.Redis, valkey_url: str) -> None:

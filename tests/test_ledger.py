@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.ledger import Ledger, LedgerWriter
+from crashbench.evidence.ledger import Ledger, LedgerWriter
 
 
 def ledger_with(tmp_path: Path, *workers: str) -> Ledger:

@@ -13,8 +13,8 @@ import redis
 
 from crashbench.designs import load_design
 from crashbench.errors import UsageError
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 
 
 def installed(module: str) -> pytest.MarkDecorator:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from crashbench import inspector
 from crashbench.designs import Design, DesignSettings, Job, Located, load_design, safe_name
+from crashbench.evidence import inspector
 from tests.test_libraries import installed
 
 JOBS = ["000001", "000002", "000003", "000004", "000005"]

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from crashbench import thresholds
-from crashbench.ledger import Execution
-from crashbench.records import KillRecord
+from crashbench.evidence.ledger import Execution
+from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
+from crashbench.faults.records import KillRecord
 from crashbench.report import html, svg
-from crashbench.results import Environment, Result
-from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
-from crashbench.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
+from crashbench.report.results import Environment, Result
+from crashbench.run.session import Options, run_designs
+from crashbench.scenario import Scenario, thresholds
 
 
 class Page(HTMLParser):

@@ -15,9 +15,9 @@ import redis
 from designs_saboteur import PHANTOMS, GhostState, planted
 
 from crashbench.errors import UnexpectedError
+from crashbench.run.session import Options, run_designs
+from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
-from crashbench.workload import job_ids
 
 
 def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]

@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from crashbench.designs import DesignSettings, Job, library_settings, load_design
-from crashbench.inspector import Snapshot, StoredKey
+from crashbench.evidence.inspector import Snapshot, StoredKey
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 from tests.test_worker_python import arq_python
 
 NO_SERVER = redis.Redis(host="127.0.0.1", port=1)  # the designs only build their keys and options here

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from crashbench import scenario, scenario_files
+from crashbench import scenario
 from crashbench.errors import ScenarioError, UsageError
 from crashbench.faults import Fault, plan
-from crashbench.session import sweep_values
+from crashbench.run.session import sweep_values
+from crashbench.scenario import files as scenario_files
 
 ROOT = Path(__file__).resolve().parent.parent
 

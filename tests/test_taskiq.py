@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from crashbench import inspector
 from crashbench.designs import DesignSettings, Job, load_design
+from crashbench.evidence import inspector
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 from tests.test_libraries import installed
 
 pytestmark = installed("taskiq_redis")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from crashbench.counts import Counts
 from crashbench.errors import UsageError
-from crashbench.results import DesignRun, Timings
-from crashbench.thresholds import (
+from crashbench.evidence.counts import Counts
+from crashbench.report.results import DesignRun, Timings
+from crashbench.scenario.thresholds import (
     Threshold,
     ThresholdSyntaxError,
     check_all,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import UsageError
+from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from crashbench.session import Options, run_designs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ timer) and `state` / `backlog` (what the queue says it still holds). One instanc
 harness makes one for enqueueing, reaping and inspection, and every worker makes its own after it is
 forked.
 
-The counts never trust `state()`: the harness reads Redis itself (crashbench.inspector) and the
+The counts never trust `state()`: the harness reads Redis itself (crashbench.evidence.inspector) and the
 design only says how a stored entry maps to a job id (`job_of`; the built-ins share one payload
 format, JSON with an "id"), which keys are dead letters, delayed retries or bookkeeping, and, for a
 library's own layout, how to read it (`locate`). `state()` is then checked against that reading.
@@ -31,7 +31,7 @@ from crashbench.designs.located import Entry as Entry  # re-exported: designs im
 from crashbench.designs.located import Located as Located
 from crashbench.designs.located import key_entries, matches
 from crashbench.errors import UsageError
-from crashbench.inspector import Snapshot
+from crashbench.evidence.inspector import Snapshot
 
 if TYPE_CHECKING:
     import redis
@@ -144,7 +144,7 @@ class Design(ABC):
 
     def url(self) -> str:
         """The server's URL, for a library that wants one rather than a client. It carries the
-        password: hand it to the library only, never to a message (crashbench.redact.redact_url)."""
+        password: hand it to the library only, never to a message (crashbench.run.redact.redact_url)."""
         kw = self.r.connection_pool.connection_kwargs
         # Percent-encoded: a password with `@`, `:` or `/` would otherwise end the userinfo early.
         user = quote(kw.get("username") or "", safe="")
@@ -210,7 +210,7 @@ class Design(ABC):
         """Everything the queue says it holds by job id, read once at the end of a run. The harness
         checks it against its own reading of Redis (`locate`)."""
 
-    # -- how the harness reads this design's keys (crashbench.inspector) ---------------------------
+    # -- how the harness reads this design's keys (crashbench.evidence.inspector) ---------------------------
 
     def key_patterns(self) -> list[str]:
         """SCAN MATCH patterns of every key this design may write: by default its namespace."""
@@ -306,7 +306,7 @@ class LibraryDesign(Design):
     @abstractmethod
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         """Run the library's worker in this process until it stops, calling `ready()` once it is about to
-        take jobs (the READY handshake). Its task is `crashbench.task.handle(job_id)`, which writes the
+        take jobs (the READY handshake). Its task is `crashbench.run.task.handle(job_id)`, which writes the
         ledger."""
 
 

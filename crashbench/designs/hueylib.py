@@ -24,8 +24,8 @@ import redis
 from huey import RedisHuey
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.inspector import Snapshot
-from crashbench.task import handle
+from crashbench.evidence.inspector import Snapshot
+from crashbench.run.task import handle
 
 
 class HueyQueue(LibraryDesign):

@@ -1,5 +1,5 @@
 """Where the harness found each job in its own reading of Redis, and how a stored key's entries are
-walked: the vocabulary `Design.locate` answers in (crashbench.inspector reads, a design maps)."""
+walked: the vocabulary `Design.locate` answers in (crashbench.evidence.inspector reads, a design maps)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from crashbench.inspector import StoredKey
+from crashbench.evidence.inspector import StoredKey
 
 Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
 
 
 @dataclass(slots=True)
 class Located:
-    """Where the harness found each job in its own reading of Redis (crashbench.inspector)."""
+    """Where the harness found each job in its own reading of Redis (crashbench.evidence.inspector)."""
 
     held: dict[str, list[str]] = field(default_factory=dict)  # job -> every place a copy sits (not dead)
     dead: dict[str, list[str]] = field(default_factory=dict)  # job -> the dead-letter places it sits in

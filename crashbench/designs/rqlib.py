@@ -42,8 +42,8 @@ from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.inspector import Snapshot
-from crashbench.task import handle
+from crashbench.evidence.inspector import Snapshot
+from crashbench.run.task import handle
 
 
 def run_job(job_id: str) -> None:

@@ -58,8 +58,8 @@ from typing import Any, ClassVar
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
-from crashbench.inspector import Snapshot
-from crashbench.task import handle
+from crashbench.evidence.inspector import Snapshot
+from crashbench.run.task import handle
 
 FUNCTION = "crashbench_handle"
 SWEEP_ABORT_WAIT_S = 5.0  # RedisQueue.sweep(abort=5.0): how long it waits on a swept job's worker

@@ -57,8 +57,8 @@ from taskiq.receiver import Receiver
 from taskiq_redis import ListQueueBroker, RedisStreamBroker
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.inspector import Snapshot
-from crashbench.task import handle
+from crashbench.evidence.inspector import Snapshot
+from crashbench.run.task import handle
 
 TASK = "crashbench_handle"
 SHUTDOWN_TIMEOUT = 5.0  # taskiq worker --shutdown-timeout default, seconds

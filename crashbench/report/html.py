@@ -8,12 +8,12 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from crashbench.counts import Counts
+from crashbench.evidence.counts import Counts
+from crashbench.evidence.timeline import Timeline
 from crashbench.report import lanes, tables
+from crashbench.report.results import DesignRun, Result
+from crashbench.report.results import label as label_of
 from crashbench.report.svg import XMLNS, Scale, axis, depth_panel, esc, fmt_count, num, rate_panel, time_span
-from crashbench.results import DesignRun, Result
-from crashbench.results import label as label_of
-from crashbench.timeline import Timeline
 
 WIDTH = 1200  # the viewBox width of every chart; the page scales them to the window
 LEFT, RIGHT = 118, 24

@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from crashbench.ledger import Execution
-from crashbench.records import KillRecord
+from crashbench.evidence.ledger import Execution
+from crashbench.evidence.timeline import Timeline
+from crashbench.faults.records import KillRecord
 from crashbench.report.svg import Scale, esc, num
-from crashbench.timeline import Timeline
 
 AGGREGATE_ABOVE = 20_000
 MAX_SUBROWS = 6  # a lane running several handlers at once (threads, a pool) splits into at most this many rows
@@ -187,7 +187,7 @@ def _faults(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
 
 
 def _recovery(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes, arrow: str) -> tuple[list[str], list[str]]:
-    """Fault -> next start of each job it hit, counted as crashbench.tally counts them: a later
+    """Fault -> next start of each job it hit, counted as crashbench.evidence.tally counts them: a later
     start by anyone is a recovery; no later start and no completion after the fault, never."""
     hit = {j for k in tl.kills for j in k.jobs}
     runs_of: dict[str, list[Execution]] = {j: [] for j in hit}

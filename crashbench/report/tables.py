@@ -1,5 +1,5 @@
 """The report's tables: counts per run (in the terminal table's order), thresholds with ✓ / ✗, the
-scenario and the environment. The row list is copied from crashbench.render, which imports rich."""
+scenario and the environment. The row list is copied from crashbench.report.render, which imports rich."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from crashbench.report.results import DesignRun, Result, ThresholdResult, number
+from crashbench.report.results import label as label_of
 from crashbench.report.svg import esc
-from crashbench.results import DesignRun, Result, ThresholdResult, number
-from crashbench.results import label as label_of
 
 # (label, count field) in display order; outcome classes first, then events. A leading "  " marks a
 # row that breaks down the one above it.

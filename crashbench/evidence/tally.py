@@ -1,0 +1,143 @@
+"""From one crash run's timeline to its DesignRun: the evidence checks, the counts, the timings.
+
+The timeline (crashbench.evidence.timeline) is everything the run recorded: the ledgers' executions, the
+harness's reading of Redis, the design's own report, the faults, the workers, the enqueues. Nothing
+is computed from anything else, so a saved timeline gives the same result again (`crashbench recount`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+from crashbench.evidence import checks as evidence
+from crashbench.evidence import counts as counting
+from crashbench.evidence.ledger import Execution
+from crashbench.evidence.timeline import Timeline
+from crashbench.report.results import DesignRun, KillRecord, Timings
+from crashbench.scenario import Scenario
+
+JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of already sorted values; None for none."""
+    if not sorted_values:
+        return None
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def recovery_ms(k: KillRecord, runs: Sequence[Execution]) -> float | None:
+    """Fault -> the next start of a job the victim was inside (`runs`: that job's executions, one of
+    `k.jobs`), by anyone: how long recovery took; +inf when it never started again nor completed after
+    the fault (a job the queue never gave back); None when no job was hit or it finished where it was."""
+    if k.job is None:
+        return None
+    at = k.at
+    later = [ex.start for ex in runs if ex.start > at]
+    if later:
+        return round((min(later) - at) * 1000, 3)
+    if any(ex.completed and ex.end is not None and ex.end > at for ex in runs):
+        return None  # a pause or a graceful stop: the job finished in the execution it was in
+    return math.inf
+
+
+def design_run(tl: Timeline) -> DesignRun:
+    sc = Scenario.from_dict(tl.scenario)
+    flags = tl.design
+    ids, produced = tl.ids, tl.produced
+    # Counting fills in the derived figures of each kill: on copies, so the timeline stays as recorded.
+    kill_records = [dataclasses.replace(k, jobs=list(k.jobs)) for k in tl.kills]
+    # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
+    facts = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in kill_records if k.target != "parent"]
+    problems = evidence.check(
+        evidence.Evidence(
+            enqueued=ids, executions=tl.executions, located=tl.located, state=tl.state,
+            drained=tl.drained, own_worker=flags.own_worker, kills=facts, ledger_problems=tl.ledger_problems,
+            acknowledged=tl.acknowledged if produced else None,
+            indeterminate=tl.indeterminate if produced else None,
+        )
+    )  # fmt: skip
+    c, classes = counting.count(
+        ids,
+        tl.executions,
+        tl.located,
+        tl.state,
+        drops_failed=flags.drops_failed,
+        kills=len(kill_records),
+        kills_mid_job=sum(k.mid_job for k in kill_records),
+        workload=sc.workload(),
+        settings=sc.settings(),
+        indeterminate=tl.indeterminate,
+        broker_fault=tl.fault_window(),
+        drained=tl.drained,
+        cut_off=tl.cut_off,
+    )
+    completed = tl.completed
+    c.worker_crashes = len(tl.exits)
+    c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if not completed[j])
+    if produced:
+        c.acked_during_lag = sum(1 for j in tl.acked_during_lag if not completed[j])
+    hit = {j for k in kill_records for j in k.jobs}
+    runs_of: dict[str, list[Execution]] = {j: [] for j in hit}
+    for ex in tl.executions:
+        if ex.job in runs_of:
+            runs_of[ex.job].append(ex)
+    for k in kill_records:
+        ready = tl.ready.get(k.replacement) if k.replacement else None
+        if ready is not None:
+            k.replacement_ready_ms = round((ready - k.at) * 1000, 3)
+        k.recovered_after_ms = recovery_ms(k, runs_of.get(k.job or "", []))
+    recoveries = sorted(k.recovered_after_ms for k in kill_records if k.recovered_after_ms is not None)
+    # Every handler a kill interrupted, not only the one its record names: a worker running several
+    # (threads, a pool) leaves several jobs for recovery to give back.
+    c.unrecovered = sum(1 for k in kill_records for j in k.jobs if math.isinf(recovery_ms(k, runs_of[j]) or 0.0))
+    return DesignRun(
+        design=tl.spec,
+        variant=tl.variant,
+        prefix=tl.prefix,
+        seed=sc.seed,
+        counts=c,
+        timings=_timings(tl, sc, kill_records, c.done, recoveries),
+        kills=kill_records,
+        repeat=tl.repeat,
+        schedule=tl.planned,
+        broker_fault=tl.broker_fault,
+        worker_exits=tl.exits,
+        duplicates=dict(sorted((j, n) for j, n in completed.items() if n > 1)[:JOB_SAMPLE]),
+        workdir=tl.workdir,
+        jobs={
+            k: sorted(classes[k])[:JOB_SAMPLE]
+            for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
+        },
+        problems=problems,
+        total_queue=counting.total_queue(c, flags.exactly_once),
+        configuration=tl.configuration,
+        warnings=tl.warnings,
+        timeline=tl,
+    )
+
+
+def _timings(tl: Timeline, sc: Scenario, kills: list[KillRecord], done: int, recoveries: list[float]) -> Timings:
+    startups = [(ready - s.t) * 1000 for s in tl.spawns if (ready := tl.ready.get(s.worker)) is not None]
+    restarts = [k.replacement_ready_ms for k in kills if k.replacement_ready_ms is not None]
+    wall = tl.drained_at
+    return Timings(
+        wall_s=round(wall, 4),
+        jobs_per_s=round(done / wall, 2) if wall > 0 else 0.0,
+        # A library worker running several handlers at once: the ideal divides by all of them.
+        ideal_s=round(sc.ideal_s / tl.configuration.get("concurrency", 1), 4),
+        drained=tl.drained,
+        drain_s=round(tl.drained_at - tl.faults_end, 4),
+        window_s=tl.window,
+        startup_ms_median=round(statistics.median(startups), 3) if startups else 0.0,
+        startup_ms_max=round(max(startups), 3) if startups else 0.0,
+        restart_ms_median=round(statistics.median(restarts), 3) if restarts else None,
+        recovery_ms_p50=percentile(recoveries, 0.50),
+        recovery_ms_p95=percentile(recoveries, 0.95),
+        recovery_ms_max=recoveries[-1] if recoveries else None,
+        inspect_s=round(tl.inspect_s, 4),
+        cut_off=tl.cut_off,
+    )

@@ -1,0 +1,291 @@
+"""The run's timeline: every event of one crash run on one clock, the record its counts are computed
+from (crashbench.evidence.tally reads a Timeline and nothing else) and that `crashbench recount` reads back.
+
+The clock is seconds since the run's workers were started (`t0`, a time.monotonic() value kept in the
+header with the wall-clock start), rounded to the microsecond. Saved as gzipped JSON lines beside the
+result (`<result>.timeline.jsonl.gz`), one JSON object per line, `e` naming the event; the runs of one
+result follow each other, each opened by its `run` line:
+
+    run        the header: index, design spec and flags, scenario, t0, wall-clock start, window
+    enqueue    a chunk of ids sent to the queue: t, ids, ok (acknowledged; false: indeterminate), lag
+    spawn      a worker process started: t, worker, slot, pid         ready   its READY: t, worker
+    x          one handler execution from the ledgers: j(ob), w(orker), s(tart), d (end; null: the
+               worker died inside), f (1: it raised), p(id), x (thread)
+    ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
+    planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
+    broker     the server: down, up, failover, replica_cut: t    broker_fault   its record
+    recover    a recovery pass: t, gave_back (the design's own figure; null when it does not tell)
+    depth      the harness's reading of the queue: t, pending, inflight, delayed, dead
+    exit       a worker that ended on its own                   drain   start / end: t, drained, cut_off
+    held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
+    located    the harness's final reading of Redis              state   the design's own final report
+    end        the run's end: faults_end, drained_at, inspect_s, workdir
+
+Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from crashbench.designs import Located, QueueState
+from crashbench.evidence.ledger import Execution, LedgerProblem
+from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, WorkerExit
+
+SCHEMA = "crashbench.timeline"
+SCHEMA_VERSION = 1
+
+
+def rel(t: float, t0: float) -> float:
+    """A harness-clock time on the timeline's clock."""
+    return round(t - t0, 6)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    t: float
+    ids: list[str]
+    ok: bool = True  # acknowledged; False: it errored or timed out (indeterminate)
+    lag: bool = False  # acknowledged by a primary whose replica had stopped following
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    t: float
+    worker: str
+    slot: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """The harness's own reading of the queue (crashbench.evidence.inspector through the design's `locate`)."""
+
+    t: float
+    pending: int
+    inflight: int  # jobs inside a handler, by the ledgers
+    delayed: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A point event: a recovery pass (`what` "recover", `n` what it gave back by the design's own
+    figure, -1 unknown), a broker event (down, up, failover, replica_cut), the drain's start."""
+
+    t: float
+    what: str
+    n: int = -1
+
+
+@dataclass(slots=True)
+class DesignFlags:
+    drops_failed: bool = False
+    own_worker: bool = False
+    exactly_once: bool = False
+
+
+@dataclass(slots=True)
+class Timeline:
+    index: int
+    spec: str
+    variant: str
+    prefix: str
+    repeat: int
+    scenario: dict[str, Any]
+    design: DesignFlags
+    t0: float  # the harness clock (time.monotonic()) at the timeline's 0
+    started: float  # wall clock (time.time()) at the timeline's 0
+    window: float
+    produced: bool = False  # jobs were enqueued while the run went on (a broker scenario's producer)
+    configuration: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    enqueues: list[Enqueue] = field(default_factory=list)
+    spawns: list[Spawn] = field(default_factory=list)
+    ready: dict[str, float] = field(default_factory=dict)
+    executions: list[Execution] = field(default_factory=list)
+    ledger_problems: list[LedgerProblem] = field(default_factory=list)
+    planned: list[Fault] = field(default_factory=list)
+    kills: list[KillRecord] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    depth: list[Depth] = field(default_factory=list)
+    broker_fault: BrokerFaultRecord | None = None
+    exits: list[WorkerExit] = field(default_factory=list)
+    held_at_fault: list[str] = field(default_factory=list)
+    located: Located = field(default_factory=Located)
+    state: QueueState = field(default_factory=QueueState)
+    faults_end: float = 0.0
+    drained_at: float = 0.0
+    drained: bool = False
+    cut_off: bool = False
+    inspect_s: float = 0.0
+    workdir: str | None = None
+
+    # -- what the counts read ------------------------------------------------------------------
+
+    @property
+    def ids(self) -> list[str]:
+        return [j for e in self.enqueues for j in e.ids]
+
+    @property
+    def acknowledged(self) -> set[str]:
+        return {j for e in self.enqueues if e.ok for j in e.ids}
+
+    @property
+    def indeterminate(self) -> set[str]:
+        return {j for e in self.enqueues if not e.ok for j in e.ids}
+
+    @property
+    def acked_during_lag(self) -> set[str]:
+        return {j for e in self.enqueues if e.ok and e.lag for j in e.ids}
+
+    @property
+    def completed(self) -> Counter[str]:
+        return Counter(ex.job for ex in self.executions if ex.completed)
+
+    def fault_window(self) -> tuple[float, float] | None:
+        """(struck, server back) of the broker fault, on the timeline's clock."""
+        f = self.broker_fault
+        if f is None:
+            return None
+        return (f.at, f.back_at if f.back_at is not None else f.at)
+
+    def slot_of(self) -> dict[str, int]:
+        return {s.worker: s.slot for s in self.spawns}
+
+    # -- saving and reading ----------------------------------------------------------------------
+
+    def lines(self) -> Iterator[dict[str, Any]]:
+        yield {
+            "e": "run", "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "index": self.index,
+            "spec": self.spec, "variant": self.variant, "prefix": self.prefix, "repeat": self.repeat,
+            "scenario": self.scenario, "design": asdict(self.design), "t0": self.t0, "started": self.started,
+            "window": self.window, "produced": self.produced, "configuration": self.configuration,
+            "warnings": self.warnings,
+        }  # fmt: skip
+        for e in self.enqueues:
+            yield {"e": "enqueue", "t": e.t, "ids": e.ids, "ok": e.ok, "lag": e.lag}
+        for s in self.spawns:
+            yield {"e": "spawn", "t": s.t, "worker": s.worker, "slot": s.slot, "pid": s.pid}
+        for worker, t in self.ready.items():
+            yield {"e": "ready", "t": t, "worker": worker}
+        for p in self.planned:
+            yield {"e": "planned", **asdict(p)}
+        for k in self.kills:  # as executed: what the counting derives from them is not evidence
+            yield {"e": "kill", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
+        for m in self.marks:
+            yield {"e": "mark", "t": m.t, "what": m.what, "n": m.n}
+        if self.broker_fault is not None:
+            yield {"e": "broker_fault", **asdict(self.broker_fault)}
+        for d in self.depth:
+            yield {"e": "depth", "t": d.t, "p": d.pending, "i": d.inflight, "l": d.delayed, "d": d.dead}
+        for ex in self.executions:
+            yield {"e": "x", "j": ex.job, "w": ex.worker, "s": ex.start, "d": ex.end, "f": int(ex.failed),
+                   "p": ex.pid, "x": ex.xid}  # fmt: skip
+        for lp in self.ledger_problems:
+            yield {"e": "ledger_problem", **asdict(lp)}
+        for x in self.exits:
+            yield {"e": "exit", **asdict(x)}
+        yield {"e": "held_at_fault", "ids": self.held_at_fault}
+        loc = self.located
+        yield {
+            "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
+            "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded),
+        }  # fmt: skip
+        st = self.state
+        yield {
+            "e": "state", "held": st.held, "dead_lettered": sorted(st.dead_lettered), "failed": sorted(st.failed),
+            "poisoned": sorted(st.poisoned), "requeued": sorted(st.requeued), "requeue_events": st.requeue_events,
+        }  # fmt: skip
+        yield {
+            "e": "end", "faults_end": self.faults_end, "drained_at": self.drained_at, "drained": self.drained,
+            "cut_off": self.cut_off, "inspect_s": self.inspect_s, "workdir": self.workdir,
+        }  # fmt: skip
+
+
+def write(timelines: Iterable[Timeline], path: Path) -> Path:
+    """Every run's timeline, one after the other, to one gzipped JSON-lines file."""
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
+        for tl in timelines:
+            for line in tl.lines():
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    return path
+
+
+class TimelineError(ValueError):
+    """A timeline file that cannot be read back."""
+
+
+def read(path: Path) -> list[Timeline]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return _parse(f)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        raise TimelineError(f"{path}: not a readable crashbench timeline ({exc})") from None
+
+
+def _parse(f: IO[str]) -> list[Timeline]:
+    out: list[Timeline] = []
+    tl: Timeline | None = None
+    for n, text in enumerate(f, 1):
+        d = json.loads(text)
+        e = d.pop("e")
+        if e == "run":
+            if d.get("schema") != SCHEMA or d.get("schema_version") != SCHEMA_VERSION:
+                raise ValueError(f"line {n}: schema {d.get('schema')} {d.get('schema_version')}")
+            tl = Timeline(
+                index=d["index"], spec=d["spec"], variant=d["variant"], prefix=d["prefix"], repeat=d["repeat"],
+                scenario=d["scenario"], design=DesignFlags(**d["design"]), t0=d["t0"], started=d["started"],
+                window=d["window"], produced=d["produced"], configuration=d["configuration"], warnings=d["warnings"],
+            )  # fmt: skip
+            out.append(tl)
+            continue
+        if tl is None:
+            raise ValueError(f"line {n}: {e!r} before any run header")
+        _apply(tl, e, d)
+    return out
+
+
+def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
+    if e == "x":
+        tl.executions.append(Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"]))
+    elif e == "enqueue":
+        tl.enqueues.append(Enqueue(d["t"], d["ids"], d["ok"], d["lag"]))
+    elif e == "spawn":
+        tl.spawns.append(Spawn(d["t"], d["worker"], d["slot"], d["pid"]))
+    elif e == "ready":
+        tl.ready[d["worker"]] = d["t"]
+    elif e == "planned":
+        tl.planned.append(Fault(**d))
+    elif e == "kill":
+        tl.kills.append(KillRecord(**d))
+    elif e == "mark":
+        tl.marks.append(Mark(d["t"], d["what"], d["n"]))
+    elif e == "broker_fault":
+        tl.broker_fault = BrokerFaultRecord(**d)
+    elif e == "depth":
+        tl.depth.append(Depth(d["t"], d["p"], d["i"], d["l"], d["d"]))
+    elif e == "ledger_problem":
+        tl.ledger_problems.append(LedgerProblem(**d))
+    elif e == "exit":
+        tl.exits.append(WorkerExit(**d))
+    elif e == "held_at_fault":
+        tl.held_at_fault = d["ids"]
+    elif e == "located":
+        tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]))
+    elif e == "state":
+        tl.state = QueueState(
+            d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),
+            d["requeue_events"],
+        )  # fmt: skip
+    elif e == "end":
+        tl.faults_end, tl.drained_at, tl.drained = d["faults_end"], d["drained_at"], d["drained"]
+        tl.cut_off, tl.inspect_s, tl.workdir = d["cut_off"], d["inspect_s"], d["workdir"]
+    else:
+        raise ValueError(f"unknown event {e!r}")

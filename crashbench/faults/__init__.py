@@ -1,0 +1,121 @@
+"""The fault model and its schedule: every fault a run injects, decided from the seed before anything
+runs, so every design of a compare (and every replay) gets the same one.
+
+A scenario describes its faults two ways, and a run may have both:
+- the `[faults]` table (one periodic group of worker signals: kills, interval, signal, kill_when,
+  kill_target, pause) and `[broker]` (fault, fault_at, downtime), as before;
+- a `[[faults]]` array of tables, for mixed schedules, one entry per group:
+
+      [[faults]]                  # a worker signal (kind = "signal", the default)
+      signal = "SIGKILL"          # SIGTERM, SIGSTOP (a pause of `pause` s), ...
+      at = 0.5                    # the first, seconds after the workers start
+      count = 4                   # how many (1)
+      every = 0.5                 # seconds between them (0.5)
+      slot = 2                    # the victim's worker slot (by default, seeded)
+      kill_when = "mid-job"       # or "any"
+      target = "tree"             # a library worker that is a process tree: tree, parent or child
+      pause = 1.0                 # SIGSTOP only
+
+      [[faults]]
+      kind = "broker-kill"        # or "failover"; the server's persistence etc. stay in [broker]
+      at = 1.0
+      downtime = 0.5              # broker-kill only
+
+TOML cannot hold both `[faults]` and `[[faults]]` in one file: a file with `[[faults]]` has no
+periodic group (kills = 0) unless the command line adds one (--kills).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import TYPE_CHECKING, Any
+
+from crashbench.faults.records import Fault as Fault  # re-exported
+
+if TYPE_CHECKING:
+    from crashbench.scenario import Scenario
+
+WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause")
+BROKER_KEYS = ("kind", "at", "downtime")
+BROKER_KINDS = {"broker-kill": "kill", "failover": "failover"}  # [[faults]] kind -> [broker] fault
+
+
+def plan(scenario: Scenario) -> list[Fault]:
+    """The fault schedule, ordered by start: the same seed gives the same victims at the same times,
+    for every design. The periodic group draws its slots first, then each [[faults]] entry in order."""
+    rng = random.Random(scenario.seed)
+    sc = scenario
+    out = [
+        Fault(i, round((i + 1) * sc.interval, 6), rng.randrange(sc.workers), signal=sc.signal, kill_when=sc.kill_when,
+              target=sc.kill_target, duration=sc.pause if sc.signal == "SIGSTOP" else 0.0)
+        for i in range(sc.kills)
+    ]  # fmt: skip
+    for entry in sc.schedule:
+        every = float(entry.get("every", 0.5))
+        for n in range(int(entry.get("count", 1))):
+            slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workers)
+            signal = entry.get("signal", "SIGKILL")
+            out.append(
+                Fault(len(out), round(float(entry.get("at", 0.5)) + n * every, 6), slot, signal=signal,
+                      kill_when=entry.get("kill_when", "mid-job"), target=entry.get("target", "tree"),
+                      duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0)
+            )  # fmt: skip
+    if sc.fault != "none":
+        kind = "broker-kill" if sc.fault == "kill" else "failover"
+        out.append(Fault(len(out), sc.fault_at, -1, kind, duration=sc.downtime if kind == "broker-kill" else 0.0))
+    return [dataclasses.replace(f, index=i) for i, f in enumerate(sorted(out, key=lambda f: f.at))]
+
+
+def worker_faults(scenario: Scenario) -> list[Fault]:
+    return [f for f in plan(scenario) if f.on_worker]
+
+
+def parse_entries(entries: list[Any], values: dict[str, Any], problems: list[str]) -> None:
+    """`[[faults]]` into the scenario's fields: worker entries into `schedule` (checked by
+    `entry_problems` with the rest of the scenario), a broker entry into fault / fault_at / downtime."""
+    schedule = []
+    values["kills"] = 0  # no [faults] table in this file: no periodic group
+    for n, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict):
+            problems.append(f"[[faults]] entry {n} must be a table")
+            continue
+        kind = entry.get("kind", "signal")
+        if kind in BROKER_KINDS:
+            problems += [f"[[faults]] entry {n}: unknown key {k!r} for {kind} (known: {', '.join(BROKER_KEYS)})"
+                         for k in entry if k not in BROKER_KEYS]  # fmt: skip
+            if "fault" in values:
+                problems.append(f"[[faults]] entry {n}: a run has at most one broker fault")
+            values["fault"] = BROKER_KINDS[kind]
+            values.update({k2: entry[k] for k, k2 in (("at", "fault_at"), ("downtime", "downtime")) if k in entry})
+        elif kind == "signal":
+            problems += [f"[[faults]] entry {n}: unknown key {k!r} (known: {', '.join(WORKER_KEYS)})"
+                         for k in entry if k not in WORKER_KEYS]  # fmt: skip
+            schedule.append({k: v for k, v in entry.items() if k != "kind"})
+        else:
+            problems.append(f"[[faults]] entry {n}: kind must be signal, broker-kill or failover, not {kind!r}")
+    values["schedule"] = tuple(schedule)
+
+
+def entry_problems(entry: dict[str, Any], n: int, workers: int, signals: tuple[str, ...]) -> list[str]:
+    """What is wrong with one worker entry of [[faults]], one line each."""
+    where = f"[[faults]] signal entry {n}"
+    p = []
+    for key, whole, low in (("at", False, 0), ("count", True, 1), ("every", False, 0), ("pause", False, 0)):
+        v = entry.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or (whole and not isinstance(v, int)):
+            p.append(f"{where}: {key} must be {'a whole number' if whole else 'a number'}, not {v!r}")
+        elif not v >= low or v != v or v in (float("inf"), float("-inf")) or v > 10**9:
+            p.append(f"{where}: {key} must be at least {low} (and finite), not {v!r}")
+    slot = entry.get("slot")
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < workers):
+        p.append(f"{where}: slot must be a worker slot, 0 to {workers - 1}, not {slot!r}")
+    if entry.get("signal", "SIGKILL") not in signals:
+        p.append(f"{where}: signal must be one of {', '.join(signals)}, not {entry.get('signal')!r}")
+    if entry.get("kill_when", "mid-job") not in ("mid-job", "any"):
+        p.append(f"{where}: kill_when must be mid-job or any, not {entry.get('kill_when')!r}")
+    if entry.get("target", "tree") not in ("tree", "parent", "child"):
+        p.append(f"{where}: target must be tree, parent or child, not {entry.get('target')!r}")
+    return p

@@ -1,0 +1,175 @@
+"""Faults of the server itself (scenario section [broker]), on servers crashbench started only.
+
+    kill      SIGKILL the server mid-run; after `downtime` start it again on the same port and data
+              directory, so it comes back with what its persistence mode kept (none, rdb, aof-*).
+    failover  a primary with one replica: SIGKILL the primary, REPLICAOF NO ONE on the replica, and
+              point everyone at it (the runner re-creates its client; workers re-read the address
+              file on their next connection error). With `replica_lag` the replica stops following
+              the primary that long before, so what the primary acknowledged meanwhile never reaches
+              it (asynchronous replication, behind a partition).
+
+With a broker fault the producer enqueues during the run (`produce_s`), ten jobs per call, so some
+enqueues meet the fault: one that returned is *acknowledged*; one that raised, timed out, or was not
+replicated in time (WAIT) is *indeterminate* (Jepsen's word) and never retried. Workers, producer and
+runner ride out the downtime by retrying their connection (bounded; see worker.RECONNECT_S).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+
+from crashbench.designs import Design, EnqueueUnconfirmed, Job
+from crashbench.errors import ServerUnavailable
+from crashbench.run import workdirs
+from crashbench.run.server import EmbeddedServer, find_server_binary
+from crashbench.run.worker import DOWN
+
+CHUNK = 10  # jobs per enqueue call while producing during the run
+
+
+class Broker:
+    """The embedded server(s) of one crash run, which the run may kill, restart or fail over."""
+
+    def __init__(self, primary: EmbeddedServer, replica: EmbeddedServer | None, url_file: Path) -> None:
+        self.primary = primary
+        self.replica = replica
+        self.url_file = url_file
+        self.url_file.write_text(primary.url)
+
+    @property
+    def url(self) -> str:
+        return self.url_file.read_text().strip()
+
+    def kill(self) -> None:
+        self.primary.kill()
+
+    def restart(self) -> None:
+        self.primary.restart()
+
+    def cut_replica(self) -> None:
+        """The replica stops following the primary: what the primary acknowledges from now on never
+        reaches it, as behind a partition. (Pausing the replica would not do: what the primary sent
+        waits in the replica's socket buffer and is applied once it resumes.)"""
+        assert self.replica is not None
+        # First let the replica confirm every write acknowledged so far (the harness's own WAIT), so the
+        # cut is exact: what the primary acknowledges from here on, and only that, misses the replica.
+        client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
+        try:
+            client.execute_command("WAIT", 1, 1000)
+        finally:
+            client.close()
+        self._promote(self.replica)
+
+    def failover(self) -> None:
+        """Kill the primary and promote the replica; the address file then names the replica."""
+        assert self.replica is not None
+        self.primary.kill()
+        self._promote(self.replica)
+        self.primary, self.replica = self.replica, None
+        self.url_file.write_text(self.primary.url)
+
+    @staticmethod
+    def _promote(server: EmbeddedServer) -> None:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        try:
+            client.replicaof("NO", "ONE")
+        finally:
+            client.close()
+
+
+class Producer:
+    """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and remembers which enqueues
+    were acknowledged and which were indeterminate."""
+
+    def __init__(self, jobs: list[Job], produce_s: float, start: float) -> None:
+        self.jobs = jobs
+        self.every = produce_s / max(1, -(-len(jobs) // CHUNK))
+        self.start = start
+        self.next = 0
+        self.acknowledged: set[str] = set()
+        self.indeterminate: set[str] = set()
+        self.lagging = False  # set once the replica stopped following the primary (replica_lag)
+        self.acked_during_lag: set[str] = set()  # acknowledged by the primary alone
+        # (harness clock, ids, acknowledged, acknowledged while lagging) per chunk, for the timeline
+        self.chunks: list[tuple[float, list[str], bool, bool]] = []
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self.jobs)
+
+    def produce(self, design: Design, now: float) -> None:
+        """Enqueue the next chunk if it is due by `now`: one per call, so that a slow enqueue (a WAIT
+        that times out) holds back the producer, never the runner's loop."""
+        if not self.done and now >= self.start + (self.next // CHUNK) * self.every:
+            chunk = self.jobs[self.next : self.next + CHUNK]
+            self.next += CHUNK
+            ids = {job.id for job in chunk}
+            try:
+                design.enqueue(chunk)
+            except (*DOWN, EnqueueUnconfirmed):
+                self.indeterminate |= ids
+                self.chunks.append((now, [job.id for job in chunk], False, False))
+            else:
+                self.acknowledged |= ids
+                if self.lagging:
+                    self.acked_during_lag |= ids
+                self.chunks.append((now, [job.id for job in chunk], True, self.lagging))
+
+
+def wait_back(url: str, timeout: float = 30.0) -> None:
+    """Until the server at `url` answers PING (it may be loading its data)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.2, socket_timeout=1)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if client.ping():
+                    return
+            except DOWN:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def broker_servers(fault: str, persistence: str, binary: str | None) -> Iterator[Broker]:
+    """A private server with the scenario's persistence for one crash run (and a replica for a
+    failover, in sync before the run starts); everything stopped and removed on exit."""
+    path = find_server_binary(binary)
+    home = workdirs.make("broker")
+    servers: list[EmbeddedServer] = []
+    try:
+        primary = EmbeddedServer(path, persistence)
+        servers.append(primary)
+        primary.start()
+        replica = None
+        if fault == "failover":
+            replica = EmbeddedServer(path, persistence, replica_of=primary.port)
+            servers.append(replica)
+            replica.start()
+            _wait_in_sync(replica.url)
+        yield Broker(primary, replica, home / "server.url")
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_in_sync(url: str, timeout: float = 30.0) -> None:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while client.info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(f"the replica at {url} did not sync with its primary in {timeout:.0f} s")
+            time.sleep(0.02)
+    finally:
+        client.close()

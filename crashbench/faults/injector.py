@@ -1,0 +1,196 @@
+"""Fault injection: the planned faults (crashbench.faults), fired from the runner's loop, one step per
+tick, never blocking it, so faults of different kinds overlap (a worker killed while the server is
+down). Worker faults fire in order of their start; a broker fault fires at its own time.
+
+A mid-job worker fault waits for its victim to be inside a handler: it freezes the victim (SIGSTOP),
+checks the ledger again, and only then delivers the signal, so "the victim was inside job X" is
+exact. After a SIGKILL, the executions it interrupted are read from the victim's final ledger, once
+every process the signal hit is gone.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import deque
+from collections.abc import Callable
+
+from crashbench.designs import Located
+from crashbench.evidence import tally
+from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.evidence.timeline import rel
+from crashbench.faults.broker import Broker, Producer, wait_back
+from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord
+from crashbench.run.supervisor import Supervisor, WorkerProcess
+
+Clock = Callable[[], float]
+
+
+class WorkerFaults:
+    MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
+
+    def __init__(
+        self,
+        planned: list[Fault],
+        sup: Supervisor,
+        ledger: Ledger,
+        clock: Clock,
+        own_worker: bool,  # the design's worker is a library's process tree (kill targets apply)
+        longest_job_s: float,
+    ) -> None:
+        self.queue = deque(f for f in planned if f.on_worker)
+        self.sup, self.ledger, self.clock = sup, ledger, clock
+        self.own_worker = own_worker
+        # If no job reaches the victim (the queue ran dry), it is hit anyway after a while, counted
+        # from when it was due and ready; the record then says it was not mid-job.
+        self.wait = max(self.MID_JOB_WAIT, 20 * longest_job_s)
+        self.t0 = 0.0
+        self.records: list[KillRecord] = []
+        self.paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
+
+    @property
+    def done(self) -> bool:
+        return not self.queue
+
+    def thaw_due(self, now: float) -> None:
+        for name, (resume_at, w) in list(self.paused.items()):
+            if now >= resume_at:
+                self.sup.thaw(w)
+                del self.paused[name]
+
+    def step(self, now: float) -> bool:
+        """Fire the next worker fault if it can fire now. True: it waits for its victim to enter a
+        handler (the loop should look again soon)."""
+        if not self.queue:
+            return False
+        fault = self.queue[0]
+        due = self.t0 + fault.at
+        victim = self.sup.slots[fault.slot]
+        ready = self.ledger.ready_at(victim.name)
+        if now < due or ready is None or victim.name in self.paused:
+            return False
+        if fault.kill_when == "mid-job" and now < max(due, ready) + self.wait:
+            if self.ledger.inside(victim.name) is None or not self._frozen_inside(victim):
+                return True
+            self.records.append(self._hit(fault, victim, due, frozen=True))
+        else:
+            self.records.append(self._hit(fault, victim, due, frozen=False))
+        self.queue.popleft()
+        return False
+
+    def _frozen_inside(self, victim: WorkerProcess) -> bool:
+        """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze)."""
+        if not self.sup.freeze(victim):
+            self.sup.thaw(victim)
+            return False
+        self.ledger.poll(victim.name)
+        if self.ledger.inside(victim.name) is None:
+            self.sup.thaw(victim)
+            return False
+        return True
+
+    def _hit(self, fault: Fault, victim: WorkerProcess, due: float, frozen: bool) -> KillRecord:
+        at = self.clock()
+        sig = int(signal.Signals[fault.signal])
+        self.ledger.poll(victim.name)
+        # Exact when frozen (checked after the freeze); for "any", as of this last look.
+        opened = self.ledger.open_in(victim.name)
+        replacement = None
+        target = fault.target if self.own_worker else "worker"
+        inside = opened[-1] if opened else None
+        child = inside.pid if inside and inside.pid != victim.pid else 0
+        if sig == signal.SIGSTOP:
+            # A pause, not a death: the worker keeps its slot and resumes after `duration` seconds.
+            self.sup.send(victim, sig)
+            self.paused[victim.name] = (at + fault.duration, victim)
+        else:
+            target, killed = self.sup.deliver(victim, sig, target, child, frozen)
+            if target != "child":
+                replacement = self.sup.spawn(fault.slot)
+            if sig == signal.SIGKILL:
+                self.sup.wait_dead(victim if target != "child" else None, killed)
+                opened = self._killed_inside(victim, child if target == "child" else 0)
+                inside = opened[-1] if opened else None
+        return KillRecord(
+            index=fault.index, planned_at=fault.at, at=rel(at, self.t0), slot=fault.slot, worker=victim.name,
+            pid=victim.pid, signal=fault.signal, target=target, mid_job=inside is not None,
+            job=inside.job if inside else None, jobs=[ex.job for ex in opened], waited_ms=round((at - due) * 1000, 3),
+            replacement=replacement.name if replacement else None,
+        )  # fmt: skip
+
+    def _killed_inside(self, victim: WorkerProcess, child: int) -> list[Execution]:
+        """Once a SIGKILL landed and every process it hit is gone, the victim's ledger is final: the
+        executions it died inside are what that ledger says alone (started, never ended), not an
+        earlier look, oldest first. `child`: only that process died; its worker lives on and may have
+        started another job."""
+        self.ledger.poll(victim.name)
+        opened = [ex for ex in self.ledger.open_in(victim.name) if not child or ex.pid == child]
+        if child:
+            self.ledger.abandon(victim.name, child)  # its executions will never end
+        return opened
+
+
+class BrokerFaults:
+    """The producer and the server's own fault (crashbench.faults.broker): the replica cut `replica_lag` s
+    before a failover, the kill and the restart `downtime` later, or the failover."""
+
+    def __init__(
+        self,
+        planned: list[Fault],
+        broker: Broker,
+        producer: Producer,
+        replica_lag: float,
+        persistence: str,
+        locate: Callable[[], Located],
+        reconnect: Callable[[], None],
+        mark: Callable[[float, str], None],
+        clock: Clock,
+    ) -> None:
+        self.fault = next(f for f in planned if not f.on_worker)
+        self.broker, self.producer = broker, producer
+        self.replica_lag, self.persistence = replica_lag, persistence
+        self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
+        self.t0 = 0.0
+        self.record: BrokerFaultRecord | None = None
+        self.held_at_fault: set[str] = set()  # the harness's reading when the fault struck
+        self._cut = not replica_lag
+        self._back_due: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.producer.done and self.record is not None and self._back_due is None
+
+    def step(self, now: float) -> None:
+        due = self.t0 + self.fault.at
+        if not self._cut and now >= due - self.replica_lag:
+            self.broker.cut_replica()
+            self.mark(now, "replica_cut")
+            self._cut = True
+        if self._cut and self.replica_lag:
+            self.producer.lagging = True
+        if self.record is None and now >= due:
+            # The harness's own reading of what the server holds as it dies: nothing runs in this
+            # loop between this read and the fault, and workers only take jobs away meanwhile.
+            held = set(self.locate().held)
+            self.held_at_fault = held
+            now = self.clock()
+            kind = "failover" if self.fault.kind == "failover" else "kill"
+            self.record = BrokerFaultRecord(
+                kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[: tally.JOB_SAMPLE],
+                len(self.producer.acknowledged),
+            )  # fmt: skip
+            if kind == "failover":
+                self.broker.failover()
+                self.mark(now, "failover")
+                self.reconnect()
+            else:
+                self.broker.kill()
+                self.mark(now, "down")
+                self._back_due = now + self.fault.duration
+        if self._back_due is not None and now >= self._back_due:
+            self.broker.restart()
+            wait_back(self.broker.url)
+            self._back_due = None
+        if self.record is not None and self.record.back_at is None and self._back_due is None:
+            back_at = self.clock()
+            self.record.back_at = rel(back_at, self.t0)
+            self.mark(back_at, "up")

@@ -1,0 +1,75 @@
+"""What a run records about its faults and its workers: the schedule the seed gave, each fault as
+executed, the broker fault, workers that ended on their own. Plain data, below everything that
+produces (crashbench.run.runner), stores (crashbench.evidence.timeline, crashbench.report.results) or reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One planned fault: a kind, a target, a start and, where it has one, an end. Every kind goes
+    through one scheduler (crashbench.faults.injector), so faults of different kinds may overlap."""
+
+    index: int
+    at: float  # its start, seconds after the workers start
+    slot: int  # the worker slot it hits; -1: the server
+    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover"
+    signal: str = "SIGKILL"  # a signal fault's signal
+    kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
+    target: str = "tree"  # for a worker that is a process tree: tree, parent or child
+    duration: float = 0.0  # a pause's (SIGSTOP) or a broker kill's downtime; 0: it has no end
+
+    @property
+    def end(self) -> float | None:
+        return round(self.at + self.duration, 6) if self.duration else None
+
+    @property
+    def on_worker(self) -> bool:
+        return self.kind == "signal"
+
+
+@dataclass(slots=True)
+class KillRecord:
+    """One fault as executed. Times are seconds since the run's workers were started."""
+
+    index: int
+    planned_at: float
+    at: float
+    slot: int
+    worker: str
+    pid: int
+    signal: str
+    target: str  # worker (single-process worker), tree, parent or child: which processes got the signal
+    mid_job: bool  # the victim was inside a handler when the signal landed
+    job: str | None  # the job whose handler it was inside
+    waited_ms: float  # how long the fault waited for the victim to be inside a handler
+    replacement: str | None  # None for a pause: the worker keeps its slot
+    replacement_ready_ms: float | None = None  # kill -> replacement's READY
+    recovered_after_ms: float | None = None  # fault -> the interrupted job's next start (None: never ran again)
+    # Every job whose handler the fault interrupted (a worker running several at once: threads, a pool);
+    # `job` is the most recently started of them.
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class BrokerFaultRecord:
+    """The broker fault as executed (crashbench.faults.broker). Times are seconds since the workers started."""
+
+    kind: str  # "kill" | "failover"
+    persistence: str
+    at: float
+    held_at_fault: int  # jobs the queue held (its state()) just before the fault
+    held_ids: list[str]  # ... their ids (the first 100)
+    acknowledged_before: int  # enqueues acknowledged before the fault
+    back_at: float | None = None  # the restarted server (or the promoted replica) answered
+
+
+@dataclass(slots=True)
+class WorkerExit:
+    """A worker that ended without being killed by a fault (a bug in a design, usually)."""
+
+    worker: str
+    how: str
+    log_tail: str

@@ -1,0 +1,261 @@
+"""Rich rendering of results and progress. CLI-side only: the core never imports this."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from crashbench.bench.results import BenchResult
+from crashbench.evidence.counts import Problem
+from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
+from crashbench.report.results import label as label_of
+from crashbench.run.runner import Progress
+from crashbench.scenario.thresholds import coverage
+
+IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
+
+# (label, count field) in display order; outcome classes first, then events.
+ROWS: tuple[tuple[str, str], ...] = (
+    ("enqueued", "enqueued"),
+    ("done", "done"),
+    ("lost", "lost"),
+    ("unconfirmed", "unconfirmed"),
+    ("stranded", "stranded"),
+    ("failed", "failed"),
+    ("dead-lettered", "dead_lettered"),
+    ("  of which poison", "dead_lettered_poison"),
+    ("duplicated", "duplicated"),
+    ("  overlapping", "duplicated_overlapping"),
+    ("  sequential", "duplicated_sequential"),
+    ("extra executions", "extra_executions"),
+    ("requeued", "requeued"),
+    ("failed attempts", "failed_attempts"),
+    ("retried", "retried"),
+    ("  before their backoff", "early_retries"),
+    ("unexpected", "unexpected"),
+    ("interrupted", "interrupted"),
+    ("  never ran again", "unrecovered"),
+    ("indeterminate enqueues", "indeterminate"),
+    ("  done all the same", "recovered"),
+    ("acks lost", "acks_lost"),
+    ("undrained", "undrained"),
+    ("worker crashes", "worker_crashes"),
+    ("library disagrees", "library_disagrees"),
+)
+ALARM = {
+    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
+    "undrained", "worker_crashes", "library_disagrees",
+}  # fmt: skip
+# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
+OPTIONAL = {
+    "unconfirmed", "indeterminate", "recovered", "acks_lost",
+    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
+}  # fmt: skip
+
+
+def _recovery(ms: float) -> str:
+    return "never" if math.isinf(ms) else f"{ms:.0f} ms"  # a hit job that never ran again
+
+
+def _failed_metrics(result: Result, name: str) -> set[str]:
+    return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
+
+
+def threshold_line(t: ThresholdResult) -> Text:
+    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
+    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
+    detail = f"got {got}"
+    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
+        detail += f", bound {number(t.expected)}{unit}"
+    if t.baseline is not None:
+        detail += f", baseline {number(t.baseline)}{unit}"
+    if t.note:
+        detail += f"; {t.note}"
+    if t.source == "default":
+        detail += "; default"  # nobody wrote it: say where it came from
+    mark, style = {"pass": ("✓", "green"), "fail": ("✗", "red"), "inconclusive": ("?", "yellow")}[t.status]
+    return Text(f"{mark} {t.design}: {t.threshold} ({detail})", style=style)
+
+
+def result_table(result: Result, plain: bool = False) -> Group:
+    """The counts per design (median and range over repeats), then notes and threshold lines. `plain`:
+    an ASCII table for CI logs."""
+    sc = result.scenario
+    groups = group(result.runs)
+    design = f"{result.runs[0].design}: " if result.kind == "sweep" and result.runs else ""
+    repeats = f", {result.repeat} repeats (median, min-max)" if result.repeat > 1 else ""
+    title = design + (
+        f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
+        f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}{repeats}"
+    )
+    # The title above the table, not in it: a table title wraps at the table's width, which depends
+    # on the figures, so where it broke ("2 / repeats") changed from one result to the next.
+    table = Table(box=box.ASCII if plain else box.HEAVY_HEAD)
+    table.add_column("", style="bold")
+    for name in groups:
+        table.add_column(name, justify="right")
+    failed = {name: _failed_metrics(result, name) for name in groups}
+    for label, key in ROWS:
+        if key in OPTIONAL and not any(getattr(run.counts, key) for run in result.runs):
+            continue
+        cells = []
+        for name, runs in groups.items():
+            values = [getattr(r.counts, key) for r in runs]
+            bad = key in failed[name]
+            style = "red" if bad else ("yellow" if any(values) and key in ALARM else "")
+            cells.append(Text(f"{spread(values)}{' ✗' if bad else ''}", style=style))
+        table.add_row(label, *cells)
+    table.add_section()
+    rows: list[tuple[str, Callable[[DesignRun], float | None], Callable[[float], str]]] = [
+        ("kills", lambda r: r.counts.kills, number),
+        ("  mid-job", lambda r: r.counts.kills_mid_job, number),
+        ("wall time", lambda r: r.timings.wall_s, lambda v: f"{v:.2f} s"),
+        ("  x ideal", lambda r: r.timings.ratio_to_ideal, lambda v: f"{v:.2f}x"),
+        ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),
+        ("worker start (median)", lambda r: r.timings.startup_ms_median, lambda v: f"{v:.1f} ms"),
+        ("restart (median)", lambda r: r.timings.restart_ms_median, lambda v: f"{v:.1f} ms"),
+        ("recovery p50", lambda r: r.timings.recovery_ms_p50, _recovery),
+        ("recovery p95", lambda r: r.timings.recovery_ms_p95, _recovery),
+        ("recovery max", lambda r: r.timings.recovery_ms_max, _recovery),
+    ]
+    for label, get, fmt in rows:
+        if label.startswith("recovery") and all(get(r) is None for r in result.runs):
+            continue
+        table.add_row(label, *[spread([get(r) for r in runs], fmt) for runs in groups.values()])
+    parts: list[Table | Text] = [Text(title, style="table.title"), table]
+    for run in result.runs:
+        name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
+        if (bf := run.broker_fault) is not None:
+            back = f", back at {bf.back_at:.2f} s" if bf.back_at is not None else ""
+            parts.append(
+                Text(
+                    f"{name}: broker {bf.kind} at {bf.at:.2f} s{back} ({bf.persistence} persistence); the queue held "
+                    f"{bf.held_at_fault} jobs then, {bf.acknowledged_before} enqueues acknowledged before",
+                    style="yellow",
+                )
+            )
+        if run.configuration:
+            shown = ", ".join(f"{k} {number(v) if isinstance(v, float) else v}" for k, v in run.configuration.items())
+            parts.append(Text(f"{name}: library settings: {shown}", style="dim"))
+        for text in run.warnings:
+            parts.append(Text(f"! {text}", style="yellow"))
+        if run.timings.cut_off:
+            parts.append(
+                Text(
+                    f"{name}: {run.counts.undrained} jobs undrained: the drain stopped at its bound "
+                    f"({10 * run.timings.window_s:g} s after the last fault) while the queue was still running"
+                    " jobs (--drain-timeout raises it)",
+                    style="yellow",
+                )
+            )
+        elif not run.timings.drained:
+            parts.append(
+                Text(
+                    f"{name}: jobs still held {run.timings.window_s:g} s after the last handler started (stranded;"
+                    " --drain-timeout waits longer)",
+                    style="yellow",
+                )
+            )
+        if ids := run.jobs.get("library_disagrees"):
+            shown = ", ".join(ids[:IDS_SHOWN]) + (" ..." if len(ids) > IDS_SHOWN else "")
+            parts.append(
+                Text(
+                    f"{name}: {run.counts.library_disagrees} jobs the library recorded otherwise than the ledger "
+                    f"(failed although completed, or done although never completed): {shown}",
+                    style="yellow",
+                )
+            )
+        for where, n in run.counts.stranded_at.items():
+            parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
+        for w in run.worker_exits:
+            parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
+        if run.workdir:
+            # A path to copy: never wrapped or cut (the caller prints with crop=False).
+            line = f"{name}: ledgers and worker logs kept in {run.workdir}"
+            parts.append(Text(line, style="dim", no_wrap=True, overflow="ignore"))
+    parts.extend(threshold_line(t) for t in result.thresholds)
+    parts.extend(coverage_line(name, text) for name, text in coverage(result).items())
+    parts.extend(problem_lines(result))
+    return Group(*parts)
+
+
+def coverage_line(name: str, text: str) -> Text:
+    """How much each design was checked, not only how it came out: "reliable: 6 thresholds, all met"."""
+    style = "green" if text.endswith("all met") else "red" if "violated" in text else "yellow"
+    return Text(f"{name}: {text}", style=style)
+
+
+def problem_text(p: Problem) -> str:
+    ids = ", ".join(p.ids[:IDS_SHOWN]) + (", …" if len(p.ids) > IDS_SHOWN else "")
+    return f"[{p.check}] {p.message}" + (f" (ids: {ids})" if ids else "")
+
+
+def problem_lines(result: Result) -> list[Text]:
+    """The evidence checks that failed, in red: every figure above is then in doubt."""
+    if not result.problems:
+        return []
+    lines = [Text("evidence problems (crashbench or the design's report is wrong):", style="bold red")]
+    for run in result.runs:
+        name = label_of(run) + (f" [seed {run.seed}]" if result.repeat > 1 else "")
+        lines += [Text(f"! {name}: {problem_text(p)}", style="red") for p in run.problems]
+    return lines
+
+
+def progress_line(p: Progress) -> Text:
+    return Text.assemble(
+        (f"{p.design:>10} ", "bold"),
+        (f"{p.phase:<9} ", "cyan"),
+        f"done {p.done}/{p.enqueued}  kills {p.kills}/{p.kills_total}  workers alive {p.alive}  {p.elapsed:5.1f} s",
+    )
+
+
+def bench_tables(result: BenchResult, plain: bool = False) -> Group:
+    st = result.settings
+    style = box.ASCII if plain else box.HEAVY_HEAD
+    title = (
+        f"bench: {st.jobs} jobs of {st.job_ms:g} ms, no faults, {st.repeat} repeats (median, min-max); "
+        f"latency at half the throughput, {st.latency_jobs} jobs; {result.wall_s:.1f} s in all"
+    )
+    table = Table(title=title, title_justify="left", box=style)
+    for name in ("design", "workers", "jobs/s", "min-max", "bare loop", "harness/bare", "enqueue/s", "cmds/job"):
+        table.add_column(name, justify="left" if name == "design" else "right")
+    for p in result.points:
+        table.add_row(
+            p.design, str(p.workers), f"{p.jobs_per_s.median:,.0f}", f"{p.jobs_per_s.min:,.0f}-{p.jobs_per_s.max:,.0f}",
+            f"{p.bare_jobs_per_s.median:,.0f}", f"{p.overhead_ratio:.2f}x", f"{p.enqueue_per_s.median:,.0f}",
+            f"{p.commands_per_job:.2f}",
+        )  # fmt: skip
+    cost = Table(title="latency (enqueue -> done, ms) and cost", title_justify="left", box=style)
+    for name in ("design", "workers", "p50", "p99", "high p50", "low p50", "server cpu", "workers cpu", "server peak"):
+        cost.add_column(name, justify="left" if name == "design" else "right")
+    for p in result.points:
+        cost.add_row(
+            p.design, str(p.workers), _opt(p.latency_p50_ms), _opt(p.latency_p99_ms), _opt(p.latency_high_p50_ms),
+            _opt(p.latency_low_p50_ms), "-" if p.server_cpu is None else f"{p.server_cpu:.2f}",
+            f"{p.client_cpu:.2f}", "-" if p.server_peak_rss_mb is None else f"{p.server_peak_rss_mb:.1f} MB",
+        )  # fmt: skip
+    restarts = Table(title="worker restart: SIGKILL -> replacement READY", title_justify="left", box=style)
+    restarts.add_column("design")
+    restarts.add_column("median", justify="right")
+    restarts.add_column("samples (ms)", justify="right")
+    for r in result.restarts:
+        restarts.add_row(r.design, f"{r.median_ms:.1f} ms", ", ".join(f"{v:.1f}" for v in r.samples_ms))
+    parts: list[Table | Text] = [table, cost, restarts]
+    if result.memory:
+        memory = Table(title="memory of queued jobs (MEMORY USAGE)", title_justify="left", box=style)
+        for name in ("backlog", "measured on", "bytes per job", "per 1M jobs"):
+            memory.add_column(name, justify="left" if name == "backlog" else "right")
+        for m in result.memory:
+            memory.add_row(m.structure, f"{m.jobs:,} jobs", f"{m.bytes_per_job:.1f}", f"{m.mb_per_million:.0f} MB")
+        parts.append(memory)
+    return Group(*parts)
+
+
+def _opt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"

@@ -1,0 +1,340 @@
+"""Typed results, serialized to JSON with a schema version and the environment they were measured in."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from crashbench import __version__
+from crashbench.evidence import timeline
+from crashbench.evidence.counts import Counts, Problem, TotalQueue
+from crashbench.evidence.timeline import Timeline
+from crashbench.faults.records import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
+from crashbench.faults.records import Fault as Fault
+from crashbench.faults.records import KillRecord as KillRecord
+from crashbench.faults.records import WorkerExit as WorkerExit
+from crashbench.run.server import ServerInfo
+
+SCHEMA = "crashbench.result"
+SCHEMA_VERSION = 2  # 2: repeats, thresholds, result ids, the fault schedule and the machine
+
+
+@dataclass(slots=True)
+class Timings:
+    wall_s: float  # first worker started -> drained
+    jobs_per_s: float  # done / wall_s
+    ideal_s: float  # the sum of all handler durations / workers
+    drained: bool  # False: the drain timeout ran out with jobs still held
+    drain_s: float  # last fault -> drained (or gave up)
+    window_s: float  # the observation window after the last fault (run.drain_timeout or the design's default)
+    startup_ms_median: float  # worker spawn -> READY
+    startup_ms_max: float
+    restart_ms_median: float | None  # kill -> replacement READY
+    recovery_ms_p50: float | None = None  # fault -> next start of the job it interrupted; inf: never
+    recovery_ms_p95: float | None = None
+    recovery_ms_max: float | None = None
+    inspect_s: float = 0.0  # the harness reading Redis for its evidence (crashbench.evidence.inspector)
+    cut_off: bool = False  # the drain hit its bound (10 windows) while handlers still started: undrained
+
+    @property
+    def ratio_to_ideal(self) -> float:
+        return self.wall_s / self.ideal_s if self.ideal_s else 0.0
+
+
+@dataclass(slots=True)
+class ThresholdResult:
+    design: str  # the design (or sweep value) it was evaluated on
+    threshold: str  # as written, without the design: "lost == 0", "recovery_p95 < 2000"
+    source: str  # "scenario", "command line", or "default" (undrained / worker_crashes == 0, implied)
+    status: str  # "pass" | "fail" | "inconclusive"
+    actual: float | None  # the value checked (the failing or the worst run's; a statistic over repeats)
+    expected: float | None  # the bound it was checked against (resolved: a count, a baseline-relative value)
+    unit: str = ""
+    baseline: float | None = None  # the baseline's value, for a relative threshold
+    values: list[float | None] = field(default_factory=list)  # the metric in each run (repeat)
+    note: str = ""
+
+    @property
+    def met(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclass(slots=True)
+class DesignRun:
+    design: str
+    variant: str  # what a sweep set for this run ("stale_after=0.5"); "" otherwise
+    prefix: str
+    seed: int
+    counts: Counts
+    timings: Timings
+    kills: list[KillRecord]
+    repeat: int = 0  # which repeat of the scenario this run is (0-based); its seed is the scenario's + repeat
+    schedule: list[Fault] = field(default_factory=list)  # the fault schedule the seed gave
+    broker_fault: BrokerFaultRecord | None = None
+    worker_exits: list[WorkerExit] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
+    # outcome class (lost, stranded, undrained, ...) or library_disagrees -> its ids (the first 100)
+    jobs: dict[str, list[str]] = field(default_factory=dict)
+    workdir: str | None = None  # with --keep (or after a failed check): the ledgers and worker logs
+    problems: list[Problem] = field(default_factory=list)  # evidence checks that failed (crashbench.evidence.checks)
+    total_queue: TotalQueue | None = None  # the counts in Jepsen's total-queue vocabulary
+    thresholds_evaluated: int = 0  # set by the CI gate: thresholds that applied to this run's design
+    # A library adapter's settings in effect that decide recovery (timeouts, concurrency), and what in
+    # them would re-run or cancel a healthy job of this workload (said before the run, too).
+    configuration: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    # Everything the run recorded, which the counts above were computed from; saved in its own file
+    # beside the result (Result.timeline), never in the JSON.
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
+
+
+def label(run: DesignRun) -> str:
+    """How a run's design is named in tables and threshold results: the sweep value, else the design."""
+    return run.variant or run.design
+
+
+def group(runs: Sequence[DesignRun]) -> dict[str, list[DesignRun]]:
+    """Runs by label, in first-seen order: the repeats of one design (or one sweep value) together."""
+    out: dict[str, list[DesignRun]] = {}
+    for run in runs:
+        out.setdefault(label(run), []).append(run)
+    return out
+
+
+def number(v: float) -> str:
+    """A count as a whole number, anything else with two decimals."""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+
+
+def spread(values: Sequence[float | None], fmt: Callable[[float], str] = number, dash: str = "-") -> str:
+    """One run: its value. Repeats: the median, and (min-max) when they differ; "-" when none exist."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    med = statistics.median(present)
+    lo, hi = min(present), max(present)
+    return fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}{dash}{fmt(hi)})"
+
+
+@dataclass(slots=True)
+class Stats:
+    min: float
+    median: float
+    max: float
+    n: int  # runs that had a value (a timing may have none, like a recovery time without recoveries)
+
+
+@dataclass(slots=True)
+class DesignSummary:
+    """One design's (or sweep value's) runs over the repeats: min / median / max of every count and timing."""
+
+    design: str
+    runs: int
+    counts: dict[str, Stats]
+    timings: dict[str, Stats]
+
+
+def _stats(values: Sequence[float | None]) -> Stats | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return Stats(min(present), round(statistics.median(present), 4), max(present), len(present))
+
+
+def summarize(runs: Sequence[DesignRun]) -> list[DesignSummary]:
+    out = []
+    count_names = [f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at"]
+    timing_names = [f.name for f in dataclasses.fields(Timings) if f.name not in ("drained", "cut_off")]
+    for name, design_runs in group(runs).items():
+        counts = {c: s for c in count_names if (s := _stats([getattr(r.counts, c) for r in design_runs]))}
+        timings = {t: s for t in timing_names if (s := _stats([getattr(r.timings, t) for r in design_runs]))}
+        out.append(DesignSummary(name, len(design_runs), counts, timings))
+    return out
+
+
+@dataclass(slots=True)
+class Environment:
+    crashbench: str
+    python: str
+    redis_py: str
+    platform: str
+    machine: str  # host name
+    cpus: int
+    server_name: str
+    server_version: str
+    server_binary: str | None
+    server_mode: str
+    commit: str | None
+    dirty: bool | None
+    libraries: dict[str, str] = field(default_factory=dict)  # queue library -> version, where workers import it
+    worker_python: str | None = None  # --worker-python, whose versions `libraries` then gives (and "python")
+
+
+@dataclass(slots=True)
+class Result:
+    id: str  # "<date>-<time>-<run id>": the start of its file name in a results directory
+    kind: str  # "run" | "compare" | "sweep" | "check"
+    created: str
+    scenario: dict[str, Any]
+    fingerprint: str  # of the scenario, without its name and seed: results of the same experiment share it
+    runs: list[DesignRun]  # every run, repeats included, in the order they ran
+    environment: Environment
+    repeat: int = 1
+    summary: list[DesignSummary] = field(default_factory=list)  # per design over the repeats
+    thresholds: list[ThresholdResult] = field(default_factory=list)
+    baseline: str | None = None  # the id of the result relative thresholds were checked against
+    timeline: str | None = None  # the file, beside this one, that holds every run's timeline
+    schema: str = SCHEMA
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [p for r in self.runs for p in r.problems]
+
+    @property
+    def status(self) -> str:
+        """By precedence: broken (an evidence check failed, so no count can be trusted), fail (a
+        threshold was violated), inconclusive (a threshold had no value), unchecked (a design, or
+        sweep value, to which no threshold applied), else pass."""
+        if self.problems:
+            return "broken"
+        if any(t.status == "fail" for t in self.thresholds):
+            return "fail"
+        if any(t.status == "inconclusive" for t in self.thresholds):
+            return "inconclusive"
+        checked = {t.design for t in self.thresholds}
+        if any(name not in checked for name in group(self.runs)):
+            return "unchecked"
+        return "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        bare = dataclasses.replace(self, runs=[replace(r, timeline=None) for r in self.runs])  # no deep copy of it
+        data = jsonable(dataclasses.asdict(bare))
+        for raw in data["runs"]:
+            del raw["timeline"]
+        for run, raw in zip(self.runs, data["runs"], strict=True):
+            raw["timings"]["ratio_to_ideal"] = round(run.timings.ratio_to_ideal, 4)
+        data["status"] = self.status
+        # schema first: a reader should know what it holds before anything else
+        return {"schema": data.pop("schema"), "schema_version": data.pop("schema_version"), **data}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def file_name(self) -> str:
+        """Every part a slug: a scenario named "../../x" must not write outside --out, nor a long one
+        make a name the file system refuses."""
+        names = "-".join(dict.fromkeys(r.design.replace(":", "_").replace(".", "_") for r in self.runs))
+        return f"{slug(self.id)}-{slug(self.kind)}-{slug(str(self.scenario['name']))}-{slug(names, 60)}.json"
+
+    def write(self, out: Path) -> Path:
+        """Write to `out` (a .json file, or a directory to put it in under its own name)."""
+        if out.suffix != ".json":
+            out = out / self.file_name()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        timelines = [r.timeline for r in self.runs if r.timeline is not None]
+        if timelines:
+            self.timeline = timeline.write(timelines, out.with_name(out.stem + ".timeline.jsonl.gz")).name
+        out.write_text(self.to_json() + "\n")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        if data.get("schema") != SCHEMA:
+            raise ValueError("not a crashbench result")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"schema version {data.get('schema_version')}; this crashbench reads {SCHEMA_VERSION}")
+        return _build(cls, data)
+
+
+def jsonable(data: Any) -> Any:
+    """JSON has no infinity: a recovery that never happened is written "inf" (read back by _build)."""
+    if isinstance(data, float) and math.isinf(data):
+        return "inf" if data > 0 else "-inf"
+    if isinstance(data, dict):
+        return {k: jsonable(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [jsonable(v) for v in data]
+    return data
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """A file-name part: only [A-Za-z0-9._-], no leading dot, at most `limit` characters."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).lstrip(".")[:limit] or "_"
+
+
+def new_id(run_id: str) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + run_id
+
+
+def _build(tp: Any, data: Any) -> Any:
+    """A typed value from its JSON form, following the dataclasses' annotations (fields added by
+    `to_dict`, like `status`, are ignored)."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp) if f.init}
+        return tp(**{k: _build(hints[k], v) for k, v in data.items() if k in names})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if data is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], data) if len(inner) == 1 else data
+    if origin is list:
+        return [_build(args[0], v) for v in data]
+    if origin is dict:
+        return {k: _build(args[1], v) for k, v in data.items()}
+    if tp is float and isinstance(data, int | str):
+        return float(data)
+    return data
+
+
+def _git(*args: str) -> str | None:
+    try:
+        cp = subprocess.run(
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return cp.stdout.strip() if cp.returncode == 0 else None
+
+
+def environment(server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None) -> Environment:
+    """Versions of everything that shaped the figures; the commit is crashbench's own checkout, if any."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return Environment(
+        crashbench=__version__,
+        python=platform.python_version(),
+        redis_py=metadata.version("redis"),
+        platform=f"{platform.system()} {platform.release()} {platform.machine()} ({sys.platform})",
+        machine=platform.node(),
+        cpus=os.cpu_count() or 1,
+        server_name=server.name,
+        server_version=server.version,
+        server_binary=server.binary,
+        server_mode=server.mode,
+        commit=commit,
+        dirty=bool(status) if status is not None else None,
+        libraries=libraries,
+        worker_python=worker_python,
+    )
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime())

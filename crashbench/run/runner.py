@@ -1,0 +1,361 @@
+"""One crash run of one design: setup (enqueue, start the workers), the loop that fires the fault
+schedule (crashbench.faults.injector), the drain (crashbench.run.drain), and the collection of what
+the run recorded into its timeline (crashbench.evidence.timeline), which the result is computed from
+(crashbench.evidence.tally).
+
+Single-threaded on purpose: every wait calls `_tick`, which tails the ledger, reaps workers, runs the
+design's recovery on its timer, samples the queue's depth and reports progress; signal handlers only
+set a flag it reads (crashbench.run.stopflag). Every process started here is stopped in `finally`,
+whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+
+from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
+from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
+from crashbench.evidence import inspector, tally
+from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
+from crashbench.faults import plan
+from crashbench.faults.broker import Broker, Producer
+from crashbench.faults.injector import BrokerFaults, WorkerFaults
+from crashbench.report.results import DesignRun, WorkerExit
+from crashbench.run import lease, workdirs
+from crashbench.run.drain import drain
+from crashbench.run.interpreter import WorkerPython
+from crashbench.run.stopflag import StopFlag
+from crashbench.run.supervisor import Supervisor
+from crashbench.run.worker import DOWN, WorkerSpec, run_worker
+from crashbench.run.workload import job_ids
+from crashbench.scenario import Scenario
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    design: str
+    phase: str  # "starting" | "faults" | "draining" | "counting"
+    enqueued: int
+    done: int
+    kills: int
+    kills_total: int
+    alive: int
+    elapsed: float
+
+
+def _jobs(ids: list[str]) -> list[Job]:
+    """The run's jobs for these ids; the payload carries the job's number."""
+    return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
+
+
+class CrashRun:
+    STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
+    TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
+    DEPTH_EVERY = 0.25  # seconds between the harness's readings of the queue's depth (the timeline)
+    DEPTH_COST = 30  # ... and at least this many times as long as the last reading took
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        design_spec: str,
+        redis_url: str,
+        run_id: str,
+        progress: Callable[[Progress], None] | None = None,
+        stop: StopFlag | None = None,
+        keep_dir: bool = False,
+        clock: Clock = time.monotonic,
+        index: int = 0,
+        variant: str = "",
+        worker_python: WorkerPython | None = None,
+        repeat: int = 0,
+        broker: Broker | None = None,
+        external: bool = False,  # a server crashbench did not start: the run's keys get a lease
+        warn: Callable[[str], None] | None = None,  # told, before the run starts, what in its settings is unsafe
+    ) -> None:
+        self.sc = scenario
+        self.spec = design_spec
+        self.design_cls: type[Design] = load_design(design_spec)
+        self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
+        self.variant = variant
+        self.index = index
+        self.repeat = repeat
+        self.url = redis_url
+        self.progress = progress
+        self.stop = stop or StopFlag()
+        self.keep_dir = keep_dir
+        self.clock = clock
+        self.dir = workdirs.make("run", memory=True)
+        (self.dir / "logs").mkdir()
+        (self.dir / "ledger").mkdir()
+        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.raw = inspector.raw_client(redis_url)  # the inspector's own connection, never the design's
+        self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
+        self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
+        self.window = scenario.drain_timeout or self.design.observe_window()
+        self.configuration, self.warnings = library_settings(self.design)
+        self.warn = warn
+        self.ledger = Ledger(self.dir / "ledger")
+        self.broker = broker
+        url_file = str(broker.url_file) if broker else None
+        settings = scenario.settings(design_spec)
+        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
+        self.planned = plan(scenario)
+        self.broker_faults: BrokerFaults | None = None
+        parent = os.getpid()
+        self.worker_python = worker_python
+        spec_file = self.dir / "worker.json"
+        spec_file.write_text(wspec.to_json(design_spec))
+
+        def prepare(name: str) -> Callable[[], int]:
+            path = self.ledger.path_for(name)
+            if (wp := self.worker_python) is not None:
+                argv = wp.argv(str(spec_file), name, str(path), str(parent))
+                env = wp.env()
+                return lambda: os.execve(wp.python, argv, env)
+            return lambda: run_worker(wspec, name, path, parent)
+
+        self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
+        self.worker_faults = WorkerFaults(
+            self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.longest_job_s
+        )
+        self.exits: list[WorkerExit] = []
+        self.phase = "starting"
+        self.t0 = 0.0
+        self._next_recover = 0.0
+        self._next_progress = 0.0
+        self.inspect_s = 0.0  # time spent reading Redis for the evidence
+        self.enqueues: list[tuple[float, list[str]]] = []  # (harness clock, ids) sent before the workers start
+        self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
+        self.depth: list[Depth] = []
+        self._next_depth = 0.0
+        self.started = 0.0  # wall clock at t0
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def execute(self) -> DesignRun:
+        try:
+            run = self._execute()
+            if run.problems:  # the evidence behind a wrong report is worth keeping
+                self.keep_dir = True
+                run.workdir = str(self.dir)
+            return run
+        except (CrashbenchError, KeyboardInterrupt, redis.ConnectionError):
+            raise
+        except Exception as exc:
+            # A design (or crashbench) raised where nothing expected it: never exit 1, which means a
+            # threshold was violated. The ledgers and worker logs stay for a post-mortem.
+            self.keep_dir = True
+            raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
+        finally:
+            self.sup.stop_all(grace=self._grace())
+            self.ledger.close()
+            self.client.close()
+            self.raw.close()
+            if self.lease is not None:
+                self.lease.close()
+            if not self.keep_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            else:  # marked, so that the next run's orphan sweep leaves it alone
+                workdirs.keep(self.dir)
+
+    def _grace(self) -> float:
+        # SIGTERM is a graceful stop: a worker first finishes the job it is in.
+        return 1.0 + 2 * self.sc.longest_job_s
+
+    def _execute(self) -> DesignRun:
+        for text in self.warnings if self.warn is not None else ():
+            self.warn(text)
+        self.design.setup()
+        ids = job_ids(self.sc.jobs)
+        if self.broker is None:
+            # Chunks built and sent one by one, the stop flag read between them: 10M jobs take over
+            # 30 s to build and send, and Ctrl-C must not wait for that.
+            for start in range(0, len(ids), 1000):
+                if self.stop.raised:
+                    raise Interrupted("interrupted while enqueueing: nothing left running")
+                chunk = ids[start : start + 1000]
+                self.enqueues.append((self.clock(), chunk))
+                self.design.enqueue(_jobs(chunk))
+        self.t0 = self.clock()
+        self.started = time.time()
+        for slot in range(self.sc.workers):
+            self.sup.spawn(slot)
+        self._wait_ready()
+
+        self.phase = "faults"
+        self._fire_faults(ids)
+        faults_end = self.clock()
+
+        self.phase = "draining"
+        self.marks.append((self.clock(), "drain", -1))
+        ended = drain(
+            self._tick, self.clock, lambda: len(self.ledger.executions),
+            lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
+            lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S, self.TICK,
+        )  # fmt: skip
+        drained_at = self.clock()
+
+        self.phase = "counting"
+        self._report(force=True)
+        self.sup.stop_all(grace=self._grace())
+        self._collect_exits()
+        self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
+        # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
+        self.design.recover(self.clock() + self.sc.stale_after)
+        return tally.design_run(self._timeline(ended.drained, ended.cut_off, drained_at, faults_end))
+
+    def _tick(self) -> None:
+        if self.stop.raised:
+            raise Interrupted("interrupted: workers stopped, nothing left running")
+        self.ledger.poll()
+        self._collect_exits()
+        now = self.clock()
+        self.worker_faults.thaw_due(now)
+        if now >= self._next_recover and self.phase != "starting":
+            gave_back = self._tolerant(lambda: self.design.recover(now), None)
+            self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
+            self._next_recover = now + self.sc.recover_every
+        if now >= self._next_depth and self.phase != "starting":
+            self._sample_depth(now)
+        if self.lease is not None:
+            self.lease.tick(now)  # the keys' safety expiry (crashbench.run.lease)
+        self._report()
+
+    def _report(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.progress is None or (now < self._next_progress and not force):
+            return
+        self._next_progress = now + 0.1
+        self.progress(
+            Progress(
+                self.spec,
+                self.phase,
+                self.sc.jobs,
+                self.ledger.done,
+                len(self.worker_faults.records),
+                len(self.worker_faults.records) + len(self.worker_faults.queue),
+                len(self.sup.alive()),
+                now - self.t0,
+            )
+        )
+
+    def _collect_exits(self) -> None:
+        for w in self.sup.reap():
+            if w.signalled is not None:
+                continue
+            self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
+            if len(self.exits) > 2 * self.sc.workers:
+                raise RunAborted(
+                    f"{self.spec}: {len(self.exits)} workers exited on their own; the last one "
+                    f"({w.name}, {w.describe_exit()}) logged:\n{w.log_tail()}"
+                )
+            if self.phase in ("starting", "faults", "draining"):
+                self.sup.spawn(w.slot)
+
+    def _sample_depth(self, now: float) -> None:
+        """The queue's depth by the harness's own reading. Every DEPTH_EVERY seconds, or less often
+        when the reading is slow (a large backlog): it costs at most 1/DEPTH_COST of the run."""
+        started = self.clock()
+        located = self._tolerant(self._locate, None)
+        cost = self.clock() - started
+        self._next_depth = now + max(self.DEPTH_EVERY, self.DEPTH_COST * cost)
+        if located is None:
+            return
+        inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
+        held = located.held.keys()
+        pending = sum(1 for j in held if j not in located.delayed and j not in inside)
+        self.depth.append(Depth(rel(now, self.t0), pending, len(inside), len(located.delayed), len(located.dead)))
+
+    def _tolerant(self, call: Callable[[], T], down: T) -> T:
+        """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
+        if self.broker is None:
+            return call()
+        try:
+            return call()
+        except DOWN:
+            return down
+
+    def _fire_faults(self, ids: list[str]) -> None:
+        """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
+        broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
+        workers, broker = self.worker_faults, None
+        workers.t0 = self.t0
+        if self.broker is not None:
+            producer = Producer(_jobs(ids), self.sc.produce_s, self.t0)
+            broker = self.broker_faults = BrokerFaults(
+                self.planned, self.broker, producer, self.sc.replica_lag, self.sc.persistence, self._locate,
+                self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
+            )  # fmt: skip
+            broker.t0 = self.t0
+        while not workers.done or (broker is not None and not broker.done):
+            self._tick()
+            if broker is not None:
+                broker.producer.produce(self.design, self.clock())
+                broker.step(self.clock())
+            waiting = workers.step(self.clock())
+            time.sleep(self.TICK / 10 if waiting else self.TICK)
+
+    def _reconnect(self) -> None:
+        """After a failover: the runner's own client and design, on the promoted replica."""
+        self.client.close()
+        self.raw.close()
+        url = self.broker.url if self.broker else self.url
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+        self.raw = inspector.raw_client(url)
+        self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
+
+    def _wait_ready(self) -> None:
+        deadline = self.clock() + self.STARTUP_TIMEOUT
+        while not all(self.ledger.ready_at(w.name) is not None for w in self.sup.slots.values()):
+            if self.clock() > deadline:
+                raise RunAborted(f"{self.spec}: workers not ready after {self.STARTUP_TIMEOUT:.0f} s")
+            self._tick()
+            time.sleep(self.TICK)
+
+    # -- counting --------------------------------------------------------------------------------
+
+    def _locate(self) -> Located:
+        snapshot = inspector.take(self.raw, self.design.key_patterns())
+        self.inspect_s += snapshot.taken_s
+        return self.design.locate(snapshot)
+
+    def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
+        """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
+        state = self.design.state()
+        located = self._locate()
+        t0, bf = self.t0, self.broker_faults
+        if bf is not None:
+            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in bf.producer.chunks]
+        else:
+            enqueues = [Enqueue(rel(t, t0), chunk) for t, chunk in self.enqueues]
+        cls = self.design_cls
+        return Timeline(
+            index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
+            scenario=self.sc.to_dict(), design=DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once),
+            t0=t0, started=self.started, window=self.window, produced=bf is not None,
+            configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
+            spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
+            ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
+            executions=[
+                Execution(ex.job, ex.worker, rel(ex.start, t0), None if ex.end is None else rel(ex.end, t0),
+                          ex.failed, ex.pid, ex.xid)
+                for ex in self.ledger.executions
+            ],
+            ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
+            marks=[Mark(rel(t, t0), what, n) for t, what, n in self.marks], depth=self.depth,
+            broker_fault=bf.record if bf else None, exits=self.exits,
+            held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
+            faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
+            inspect_s=round(self.inspect_s, 4), workdir=str(self.dir) if self.keep_dir else None,
+        )  # fmt: skip

@@ -1,0 +1,211 @@
+"""A session: one server (embedded or external), and a list of crash runs on it — several designs on
+the same scenario and fault schedule (run, compare), or one design over a range of one setting
+(sweep) — and the result that comes out of it. This is the core's entry point; the CLI only parses
+options and renders."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import secrets
+import shutil
+from collections.abc import Callable, Sequence
+from importlib import metadata
+
+import redis
+
+from crashbench.designs import load_design
+from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.faults.broker import broker_servers
+from crashbench.report.results import Result, environment, new_id, now_iso, summarize
+from crashbench.run import workdirs
+from crashbench.run.interpreter import WorkerPython
+from crashbench.run.redact import redact_text, scrub_exception
+from crashbench.run.runner import CrashRun, Progress, StopFlag
+from crashbench.run.server import cleanup_keys, open_server
+from crashbench.scenario import SWEEPABLE, Scenario
+from crashbench.scenario.thresholds import Threshold, check_all, check_targets, count_evaluated
+
+BUILTIN_ORDER = ("naive", "reliable", "stream")
+Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
+# The URL may come from the environment, where a user who set REDIS_URL for an application may not
+# think of it: the hint names both ways.
+NO_URL = "leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    redis_url: str | None = None
+    server_binary: str | None = None
+    keep: bool = False
+    progress: Callable[[Progress], None] | None = None
+    warn: Callable[[str], None] | None = None  # a library setting that would re-run or cancel healthy jobs
+    stop: StopFlag | None = None
+    worker_python: str | None = None  # run workers under this interpreter (crashbench.run.interpreter)
+    repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
+    thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
+    baseline: Result | None = None  # what relative thresholds compare with
+
+
+def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
+    """Each design on the same scenario and fault schedule. Raises CrashbenchError subclasses."""
+    return _run(scenario, [(scenario, d, "") for d in designs], options, kind)
+
+
+def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
+    """One scenario per value of `param` ("stale_after", "0.5,1,2"), each validated."""
+    if param not in SWEEPABLE:
+        raise UsageError(f"cannot sweep {param!r}", hint=f"sweepable settings: {', '.join(SWEEPABLE)}")
+    # The field's declared type, not the value's: a TOML file may write a float setting as `0`.
+    kind = int if Scenario.__dataclass_fields__[param].type == "int" else float
+    out = []
+    for raw in (v.strip() for v in values.split(",")):
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise UsageError(f"{param}={raw!r}: not {'a whole number' if kind is int else 'a number'}") from None
+        out.append(scenario.with_overrides(**{param: value}))
+    if not out or not values.strip():
+        raise UsageError(f"no values to sweep {param} over")
+    return out
+
+
+def run_sweep(scenario: Scenario, design: str, param: str, values: str, options: Options = Options()) -> Result:
+    """One design, once per value of one setting; every other setting (and the seed) unchanged."""
+    runs = [(sc, design, f"{param}={getattr(sc, param):g}") for sc in sweep_values(scenario, param, values)]
+    return _run(scenario, runs, options, "sweep")
+
+
+def replay_scenario(result: Result, index: int) -> Scenario:
+    """The exact scenario run `index` of a stored result ran with: its seed, and its sweep value."""
+    run = result.runs[index]
+    scenario = Scenario.from_dict(result.scenario)
+    overrides: dict[str, object] = {"seed": run.seed}
+    if run.variant:
+        name, _, raw = run.variant.partition("=")
+        overrides[name] = getattr(sweep_values(scenario, name, raw)[0], name)
+    return scenario.with_overrides(**overrides)
+
+
+def _check_designs(plan: Plan, options: Options) -> list[str]:
+    """Usage errors before any server starts; returns the libraries the workers must import."""
+    libraries = []
+    for scenario, spec, _ in plan:
+        if options.redis_url and scenario.persistence != "none":
+            raise UsageError(
+                f"persistence {scenario.persistence} configures the server: "
+                "crashbench does that only to a server it started",
+                hint=NO_URL,
+            )
+        if options.redis_url and scenario.fault != "none":
+            raise UsageError(
+                f"a broker fault ({scenario.fault}) kills the server: crashbench does that only to a server it started",
+                hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
+            )
+        cls = load_design(spec)
+        if options.redis_url and not cls.namespaced:
+            raise UsageError(
+                f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
+                hint=NO_URL,
+            )
+        if cls.library and cls.library not in libraries:
+            libraries.append(cls.library)
+            if not options.worker_python and importlib.util.find_spec(cls.library) is None:
+                raise UsageError(
+                    f"{spec} needs {cls.library}, which is not installed in crashbench's environment",
+                    hint=f"give --worker-python PATH, an interpreter that has {cls.library} and redis-py "
+                    f"(python -m venv ENV && ENV/bin/pip install {cls.library}; --worker-python ENV/bin/python)",
+                )
+    return libraries
+
+
+def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence[Threshold]) -> None:
+    # Without run.designs the scenario is meant for what compare runs by default, the built-ins.
+    check_targets(run_names, scenario.designs or BUILTIN_ORDER, scenario.expect, given)
+
+
+def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
+    _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
+    libraries = _check_designs(plan, options)
+    workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
+    try:
+        return _run_checked(base, plan, options, kind, libraries)
+    except Exception as exc:
+        scrub_exception(exc, options.redis_url)  # whatever reports it must not print the password
+        raise
+
+
+def _run_checked(base: Scenario, plan: Plan, options: Options, kind: str, libraries: list[str]) -> Result:
+    with contextlib.ExitStack() as cleanup:
+        worker_python = None
+        if options.worker_python:
+            path_dir = workdirs.make("python")
+            cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
+            worker_python = WorkerPython(options.worker_python, path_dir)
+            versions = worker_python.check(libraries)
+        else:
+            versions = {lib: metadata.version(lib) for lib in libraries}
+        return _run_on_server(base, plan, options, kind, worker_python, versions)
+
+
+def _run_on_server(
+    base: Scenario,
+    plan: Plan,
+    options: Options,
+    kind: str,
+    worker_python: WorkerPython | None,
+    versions: dict[str, str],
+) -> Result:
+    run_id = secrets.token_hex(4)
+    with open_server(options.redis_url, options.server_binary, base.persistence) as server:
+        if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
+            worker_python.redis_url = server.url
+        runs = []
+        try:
+            for repeat in range(options.repeat):
+                for index, (scenario, spec, variant) in enumerate(plan):
+                    with contextlib.ExitStack() as own:
+                        url, broker = server.url, None
+                        if scenario.fault != "none":  # a fresh server per run, which the run may kill
+                            broker = own.enter_context(
+                                broker_servers(scenario.fault, scenario.persistence, options.server_binary)
+                            )
+                            url = broker.url
+                        crash = CrashRun(
+                            scenario.with_overrides(seed=scenario.seed + repeat), spec, url, run_id,
+                            progress=options.progress, stop=options.stop, keep_dir=options.keep,
+                            index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
+                            repeat=repeat, broker=broker, external=server.mode == "external" and broker is None,
+                            warn=options.warn,
+                        )  # fmt: skip
+                        runs.append(crash.execute())
+        except redis.ConnectionError as exc:
+            why = redact_text(str(exc), server.url)
+            raise ServerUnavailable(f"lost the server at {server.shown_url}: {why}") from None
+        finally:
+            if server.mode == "external" and not options.keep:
+                # If the server is gone there is nothing left to clean on it.
+                with contextlib.suppress(redis.RedisError):
+                    cleanup_keys(server.url, f"crashbench:{run_id}:")
+        env = environment(server, versions, options.worker_python)
+    return evaluate(
+        Result(
+            id=new_id(run_id), kind=kind, created=now_iso(), scenario=base.to_dict(), fingerprint=base.fingerprint(),
+            runs=runs, environment=env, repeat=options.repeat, summary=summarize(runs),
+        ),
+        options.thresholds,
+        options.baseline,
+    )  # fmt: skip
+
+
+def evaluate(result: Result, given: Sequence[Threshold], baseline: Result | None) -> Result:
+    """The result with its thresholds evaluated: the scenario's [expect.*], `given`, and the defaults
+    they imply. Raises UsageError if one names a design the result has no run of."""
+    scenario = Scenario.from_dict(result.scenario)
+    _check_targets(scenario, [name for r in result.runs for name in (r.design, r.variant) if name], given)
+    baseline_runs = baseline.runs if baseline is not None else None
+    result.thresholds = check_all(result.runs, scenario.expect, given, baseline_runs)
+    count_evaluated(result)
+    result.baseline = baseline.id if baseline is not None else None
+    return result

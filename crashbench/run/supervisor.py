@@ -1,0 +1,282 @@
+"""Worker processes: fork, signal, freeze, reap, and stop every one of them, always.
+
+Workers are forked from the runner, which has already imported redis-py and the design, so a
+replacement is ready in milliseconds instead of the ~0.3 s a cold `python -c 'import redis'` costs.
+Each worker is a real, separate process in its own session (a terminal's Ctrl-C reaches crashbench
+only, which then stops workers in order) and dies with its parent (PR_SET_PDEATHSIG on Linux).
+
+Identity: a child stays a zombie until its parent reaps it, so a pid we have not reaped cannot
+belong to anyone else. We reap only here, and check the process's start time before each signal.
+With `tree`, a fault goes to the worker and every process below it (a library's per-job child, which
+may have left the worker's process group): those are found through psutil, whose signals check the
+start time too.
+
+Escapees (a work horse that left its worker's process group and outlived it): `stop_all` ends
+whatever is left in the workers' sessions, and a watchdog does so if crashbench is SIGKILLed
+(crashbench.run.reaper).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from crashbench.run.reaper import Watchdog, become_subreaper, close_lifelines, die_with_parent, end_sessions
+
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@dataclass(slots=True)
+class WorkerProcess:
+    name: str
+    slot: int
+    pid: int
+    spawned_at: float
+    create_time: float
+    log: Path
+    exit_status: int | None = None  # waitpid status once reaped
+    exited_at: float | None = None
+    signalled: int | None = None  # the fault signal we sent, if any
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_status is None
+
+    def describe_exit(self) -> str:
+        if self.exit_status is None:
+            return "running"
+        if os.WIFSIGNALED(self.exit_status):
+            return f"killed by {signal.Signals(os.WTERMSIG(self.exit_status)).name}"
+        return f"exit code {os.WEXITSTATUS(self.exit_status)}"
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Supervisor:
+    """Owns every worker process of one run.
+
+    `prepare(name)` runs in the parent before each fork (register the worker's ledger file, ...) and
+    returns the worker body, which runs in the child and returns its exit code.
+    """
+
+    def __init__(
+        self,
+        prepare: Callable[[str], Callable[[], int]],
+        log_dir: Path,
+        clock: Callable[[], float],
+        tree: bool = False,
+    ) -> None:
+        self.prepare = prepare
+        self.tree = tree
+        self.log_dir = log_dir
+        self.clock = clock
+        self.workers: list[WorkerProcess] = []  # every worker ever started, in order
+        self.slots: dict[int, WorkerProcess] = {}  # slot -> its current worker
+        self._pid = os.getpid()
+        self.watchdog = Watchdog()
+
+    def spawn(self, slot: int) -> WorkerProcess:
+        name = f"w{len(self.workers)}"
+        log = self.log_dir / f"{name}.log"
+        body = self.prepare(name)
+        become_subreaper()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Blocked across the fork: a SIGTERM or SIGINT for the new child (stop_all right after a spawn)
+        # or for crashbench must not run crashbench's own Python handler in the child, which would
+        # raise there, inside the interpreter's at-fork hooks, and print to crashbench's stderr. The
+        # child unblocks once its handlers are the defaults; the parent at once.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+        pid = os.fork()
+        if pid == 0:  # the child: never return into the caller
+            code = 1
+            try:
+                self._become_worker(log)
+                code = body()
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:  # already exited and is a zombie; still ours until reaped
+            created = 0.0
+        worker = WorkerProcess(name, slot, pid, self.clock(), created, log)
+        self.watchdog.watch(pid)  # its session id: the worker calls setsid
+        self.workers.append(worker)
+        self.slots[slot] = worker
+        return worker
+
+    def _become_worker(self, log: Path) -> None:
+        os.setsid()
+        die_with_parent()
+        if os.getppid() != self._pid:  # the parent died before the line above took effect
+            os._exit(1)
+        close_lifelines()  # the watchdog must see its pipe close when crashbench dies
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        # The parent's sys.stdout/stderr may be wrappers of its own (a test runner's capture): rebind.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+    def alive(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.alive]
+
+    def reap(self) -> list[WorkerProcess]:
+        """Collect workers that exited since the last call."""
+        gone = []
+        for w in self.alive():
+            pid, status = os.waitpid(w.pid, os.WNOHANG)
+            if pid:
+                w.exit_status, w.exited_at = status, self.clock()
+                gone.append(w)
+        return gone
+
+    def _check_identity(self, w: WorkerProcess) -> None:
+        if not w.alive:
+            raise ProcessLookupError(f"{w.name} (pid {w.pid}) was already reaped")
+        if w.create_time:
+            with contextlib.suppress(psutil.NoSuchProcess):  # a zombie has no start time to compare
+                if psutil.Process(w.pid).create_time() != w.create_time:
+                    raise ProcessLookupError(f"pid {w.pid} is no longer {w.name}")
+
+    def _family(self, w: WorkerProcess) -> list[psutil.Process]:
+        """The worker, then (with `tree`) every process below it."""
+        try:
+            root = psutil.Process(w.pid)
+            return [root, *root.children(recursive=True)] if self.tree else [root]
+        except psutil.NoSuchProcess:
+            return []
+
+    def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> list[psutil.Process]:
+        """Signal `w` (and, with `tree`, every process below it); returns the processes below that got it."""
+        self._check_identity(w)
+        # List the tree before signalling: once the worker dies its children are re-parented and can
+        # no longer be found from it.
+        below = self._family(w)[1:] if self.tree and whole_tree else []
+        # Leaves first: a child whose parent dies first has its process group orphaned, and the kernel
+        # sends a stopped one SIGHUP and SIGCONT. Where SIGHUP is ignored (nohup, a CI runner) a frozen
+        # RQ work horse would wake and finish the job it was meant to die in before its own signal came.
+        for p in reversed(below):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        os.kill(w.pid, sig)
+        return below
+
+    def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
+        """Signal `pid` if it is a process below worker `w` (never `w` itself); the process, or None."""
+        for p in self._family(w)[1:]:
+            if p.pid == pid:
+                p.send_signal(sig)  # psutil checks the start time: a reused pid is not signalled
+                return p
+        return None
+
+    def deliver(self, w: WorkerProcess, sig: int, target: str, child: int, frozen: bool) -> tuple[str, list]:
+        """A fault signal to `target` of worker `w` (frozen or not): "child", only the process `child`
+        below it that runs the job (the worker lives on); "parent", the worker alone, the rest of its
+        tree left running; anything else, the whole tree. Returns the target hit and the processes below
+        `w` that got the signal (to wait for with `wait_dead`)."""
+        if target == "child" and child and (proc := self.send_below(w, child, sig)):
+            if frozen:
+                self.thaw(w)
+            return "child", [proc]
+        if target == "child":
+            target = "worker"  # the job runs in the worker process itself
+        rest = self.below(w) if target == "parent" else []
+        w.signalled = sig
+        below = self.send(w, sig, whole_tree=target != "parent")
+        for p in rest if frozen else []:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGCONT)  # the orphans go on as they would
+        if frozen and sig != signal.SIGKILL:
+            self.thaw(w)  # let it act on the signal
+        return target, below
+
+    def wait_dead(self, w: WorkerProcess | None, below: list[psutil.Process], timeout: float = 5.0) -> None:
+        """Until the SIGKILLed worker (None: it was spared) and the processes below it are gone."""
+        if w is not None:
+            self.wait_exit(w, timeout)
+        # Not our children: once their worker died nobody here can reap them, and a zombie (whose new
+        # parent may never reap it, as in a container) has stopped writing all the same.
+        deadline = time.monotonic() + timeout
+        for p in below:
+            while time.monotonic() < deadline:
+                try:
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        break
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.0005)
+
+    def below(self, w: WorkerProcess) -> list[psutil.Process]:
+        return self._family(w)[1:]
+
+    def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
+        """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
+        ledger can no longer move."""
+        self.send(w, signal.SIGSTOP)
+        family = self._family(w)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in family):
+                    return True
+            except psutil.NoSuchProcess:
+                family = self._family(w)
+        return False
+
+    def thaw(self, w: WorkerProcess) -> None:
+        if w.alive:
+            self.send(w, signal.SIGCONT)
+
+    def wait_exit(self, w: WorkerProcess, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while w.alive:
+            pid, status = os.waitpid(w.pid, os.WNOHANG)
+            if pid:
+                w.exit_status, w.exited_at = status, self.clock()
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def stop_all(self, grace: float) -> None:
+        """SIGTERM every live worker, SIGKILL whoever is still there after `grace`, reap them all."""
+        for w in self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.send(w, signal.SIGTERM, whole_tree=False)  # the worker decides what its children do
+                self.thaw(w)  # a frozen worker cannot act on SIGTERM
+        deadline = time.monotonic() + grace
+        for w in self.alive():
+            self.wait_exit(w, max(0.0, deadline - time.monotonic()))
+        for w in self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.send(w, signal.SIGKILL)
+            self.wait_exit(w, 5.0)
+        # What left its worker's process group and outlived it (a work horse, a pool process): every
+        # worker has exited now, so whatever is still in their sessions is left over.
+        end_sessions({w.pid for w in self.workers}, grace=0.0, keep=frozenset(w.pid for w in self.alive()))
+        if not self.alive():
+            self.watchdog.close()

@@ -1,0 +1,92 @@
+"""What a scenario's settings accept: the sections and their keys, the numeric bounds, the choices,
+and which settings a sweep may vary. Read by the scenario's validation and by the CLI's options."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from crashbench.run.workload import DISTRIBUTIONS
+
+KILL_WHEN = ("mid-job", "any")
+# For workers that are process trees (library workers): the whole tree, only the worker process, or
+# only the child running the job.
+KILL_TARGETS = ("tree", "parent", "child")
+# Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
+# pause it (SIGSTOP, resumed with SIGCONT after faults.pause seconds).
+FAULT_SIGNALS = (
+    "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2",
+)  # fmt: skip
+
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
+                 "transient_failures"),
+    "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
+    "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
+              "heartbeat_every", "batch_size", "concurrency"),
+    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
+    "run": ("drain_timeout", "designs"),
+}  # fmt: skip
+BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, promote its replica
+PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+
+SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
+MAX_INT = 2**63 - 1  # TOML's own integer range, and Redis's
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What one numeric setting accepts: a finite number (whole or not) above `low`, at most `high`."""
+
+    whole: bool
+    low: float | None = None
+    low_included: bool = True
+    high: float | None = None
+
+    def accepts(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return False
+        if self.whole and not isinstance(v, int):
+            return False
+        # Magnitude before isfinite: a huge int would overflow converting to float. NaN and infinity
+        # are refused: they pass every comparison below (nan) or make a run never end (inf).
+        if (isinstance(v, int) and abs(v) > MAX_INT) or (isinstance(v, float) and not math.isfinite(v)):
+            return False
+        if self.low is not None and (v < self.low if self.low_included else v <= self.low):
+            return False
+        return self.high is None or v <= self.high
+
+    def wanted(self) -> str:
+        if self.high is not None:
+            return f"a number between {self.low:g} and {self.high:g}"
+        kind = "a whole number" if self.whole else "a number"
+        return kind if self.low is None else f"{kind} {'>=' if self.low_included else '>'} {self.low:g}"
+
+
+POSITIVE_INT, COUNT = Bound(True, 0, False), Bound(True, 0)
+POSITIVE, NON_NEGATIVE = Bound(False, 0, False), Bound(False, 0)
+SHARE = Bound(False, 0, True, 1)
+# Every numeric setting; the rest are a choice among names (CHOICES), or name, description, designs.
+NUMBERS: dict[str, Bound] = {
+    "jobs": POSITIVE_INT, "job_ms": NON_NEGATIVE, "workers": POSITIVE_INT, "job_ms_max": NON_NEGATIVE,
+    "poison_rate": SHARE, "transient_rate": SHARE, "transient_failures": POSITIVE_INT,
+    "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
+    "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
+    "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
+    "batch_size": POSITIVE_INT, "concurrency": COUNT,
+    "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
+    "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE,
+    "drain_timeout": POSITIVE,  # or None: the design's own default
+}  # fmt: skip
+CHOICES: dict[str, tuple[str, ...]] = {
+    "job_dist": DISTRIBUTIONS, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN, "kill_target": KILL_TARGETS,
+    "fault": BROKER_FAULTS, "persistence": PERSISTENCE,
+}  # fmt: skip
+
+# Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
+SWEEPABLE = tuple(
+    name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
+    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target", "fault", "persistence")
+)  # fmt: skip
