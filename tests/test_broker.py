@@ -4,12 +4,14 @@ failed over to its replica, mid-run. Real servers, real signals."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from crashbench.errors import UsageError
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
 
 
 @pytest.fixture
@@ -51,10 +53,14 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     assert c.done == 600 - c.lost
 
 
-def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it(backlog: Scenario) -> None:
+def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it(
+    backlog: Scenario, tmp_path: Path
+) -> None:
     # The replica stops following 0.3 s before the primary dies; production goes on past the fault.
     sc = dataclasses.replace(backlog, jobs=300, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
-    plain = run_designs(sc, ["reliable"], Options()).runs[0]
+    result = run_designs(sc, ["reliable"], Options())
+    assert_recounts(result, tmp_path)  # enqueues acknowledged during the lag, from the timeline alone
+    plain = result.runs[0]
     c, bf = plain.counts, plain.broker_fault
     assert plain.problems == [] and bf is not None and bf.kind == "failover"
     # Lost: exactly what the primary alone acknowledged during the lag and no worker ran before it died.

@@ -4,6 +4,7 @@ graceful stops, long jobs with and without heartbeats inside the handler."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from crashbench.report.results import DesignRun
 from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
 
 
 def check(run: DesignRun) -> None:
@@ -29,10 +31,12 @@ def failing(small: Scenario) -> Scenario:
 
 @pytest.mark.parametrize("design", ["reliable", "stream"])
 def test_poison_is_dead_lettered_after_exactly_max_attempts_and_transients_succeed(
-    valkey_url: str, failing: Scenario, design: str
+    valkey_url: str, failing: Scenario, design: str, tmp_path: Path
 ) -> None:
-    run = run_designs(failing, [design], Options(redis_url=valkey_url)).runs[0]
+    result = run_designs(failing, [design], Options(redis_url=valkey_url))
+    run = result.runs[0]
     check(run)
+    assert_recounts(result, tmp_path)  # retries, delays and dead letters, read back from the timeline
     c = run.counts
     w = failing.workload()
     poison = {j for j in job_ids(failing.jobs) if w.is_poison(j)}
@@ -56,9 +60,12 @@ def test_naive_drops_every_failing_job(valkey_url: str, failing: Scenario) -> No
     assert (c.retried, c.dead_lettered, c.lost) == (0, 0, 0)
 
 
-def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(valkey_url: str, small: Scenario) -> None:
+def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
+    valkey_url: str, small: Scenario, tmp_path: Path
+) -> None:
     sc = dataclasses.replace(small, signal="SIGSTOP", pause=0.6, stale_after=0.2, kills=2, interval=0.2)
     result = run_designs(sc, ["reliable", "stream", "naive"], Options(redis_url=valkey_url))
+    assert_recounts(result, tmp_path)  # overlapping duplicates, from the timeline alone
     for run in result.runs:
         check(run)
         c = run.counts

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from crashbench.designs import load_design
 from crashbench.errors import UsageError
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
 
 
 def installed(module: str) -> pytest.MarkDecorator:
@@ -74,13 +76,15 @@ def test_namespaced_libraries_run_every_job_once_and_leave_no_key(
 
 
 @installed("celery")
-def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(small: Scenario) -> None:
+def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(small: Scenario, tmp_path: Path) -> None:
     # Early ack: the task a killed worker was running is acked already, so it is gone (kombu acks
     # asynchronously, so now and then the ack has not landed and the task is still in `unacked`).
     # Tasks the worker had acked and handed to its pool but not started are gone too, so losses can
     # exceed the kills; messages it had prefetched wait in `unacked` for the one-hour visibility timeout.
     sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5)
-    run = run_designs(sc, ["celery"], Options()).runs[0]
+    result = run_designs(sc, ["celery"], Options())
+    assert_recounts(result, tmp_path)  # a library worker's tree and its stranded tasks, from the timeline
+    run = result.runs[0]
     c = run.counts
     assert run.problems == []
     assert c.kills_mid_job == 3, run.kills

@@ -41,7 +41,24 @@ def test_a_shipped_scenario_meets_its_own_expectations(name: str, tmp_path: Path
     again = recount.recount(*recount.load(str(saved)))
     assert [r.differences for r in again] == [[] for _ in result.runs]
     if name == "default":
+        _the_saved_result_is_drawn(saved, [r.design for r in result.runs])
         _a_changed_timeline_is_not_reproduced(saved)
+
+
+def _the_saved_result_is_drawn(saved: Path, designs: list[str]) -> None:
+    """`crashbench report` writes the HTML beside the result, one section per run; `show --markdown
+    --html` links the report from the summary and writes the queue-depth chart beside it."""
+    out = CliRunner().invoke(cli, ["report", str(saved)])
+    assert out.exit_code == ExitCode.OK, out.output
+    page = saved.with_suffix(".html").read_text()
+    assert [d for d in designs if f'<section class="run" data-design="{d}"' in page] == designs
+    md, html = saved.parent / "summary.md", saved.parent / "drawn" / "report.html"
+    html.parent.mkdir()
+    out = CliRunner().invoke(cli, ["show", str(saved), "--markdown", str(md), "--html", str(html), "--plain"])
+    assert out.exit_code == ExitCode.OK, out.output
+    text = md.read_text()
+    assert "](drawn/report.html)" in text and "![queue depth" in text and "](summary.depth.svg)" in text
+    assert (saved.parent / "summary.depth.svg").read_text().startswith("<svg") and html.stat().st_size > 10_000
 
 
 def _a_changed_timeline_is_not_reproduced(saved: Path) -> None:

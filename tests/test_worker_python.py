@@ -13,6 +13,7 @@ import pytest
 from crashbench.errors import UsageError
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +64,7 @@ def test_arq_without_kills_runs_every_job_exactly_once(small: Scenario, design: 
     assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
 
 
-def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(small: Scenario) -> None:
+def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(small: Scenario, tmp_path: Path) -> None:
     # arq keeps a started job's in-progress key job_timeout + 10 s (stale_after 0.3 s here); only then
     # does a worker start the job again. Nothing is lost; the recovery time shows arq's fixed 10 s.
     # One job at a time: with arq's max_jobs 10 the kill may also take a job whose handler ended before
@@ -71,7 +72,9 @@ def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(s
     sc = dataclasses.replace(
         small, jobs=150, job_ms=20, kills=1, interval=0.3, concurrency=1, library={"arq:reliable": {"poll_delay": 0.02}}
     )
-    run = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python())).runs[0]
+    result = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python()))
+    assert_recounts(result, tmp_path)  # workers under another interpreter, from the timeline alone
+    run = result.runs[0]
     c = run.counts
     assert run.problems == []
     assert c.kills_mid_job == 1, run.kills

@@ -20,6 +20,7 @@ from crashbench import __version__
 from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
+from crashbench.evidence import recount
 from crashbench.report import export, store
 from crashbench.report.render import progress_line, result_table
 from crashbench.report.results import Result
@@ -227,6 +228,16 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     if opts.get("out_path") is not None:
         store.check_out(opts["out_path"])  # likewise: a long run's result must have somewhere to go
     return given
+
+
+def load_result(ref: str, store_dir: Path, opts: dict[str, Any]) -> Result:
+    """A saved result, with its runs' timelines when an export draws them (--html, --markdown's chart)."""
+    result = store.load(ref, store_dir)
+    if (opts.get("html_path") or opts.get("markdown")) and result.timeline:
+        result, timelines = recount.load(ref, store_dir)
+        for run, tl in zip(result.runs, timelines, strict=True):
+            run.timeline = tl
+    return result
 
 
 def execute(

@@ -117,7 +117,7 @@ def check(designs: str | None, baseline: str | None, results_ref: str | None, st
         )
         return
     given = prepare(opts, base)
-    report(evaluate(store.load(results_ref, store_dir), given, base), opts, saved=None, gate=True)
+    report(evaluate(common.load_result(results_ref, store_dir, opts), given, base), opts, saved=None, gate=True)
 
 
 @cli.command("list")

@@ -67,12 +67,7 @@ def results(store_dir: Path, scenario_name: str | None, design: str | None, kind
 def show(ref: str, store_dir: Path, **opts: Any) -> None:
     """Render a saved result (a file, an id or id prefix, or 'latest'); exit code from its status."""
     base.prepare(opts, None)  # consoles and export paths, before reading anything
-    if opts["html_path"] or opts["markdown"]:  # they draw the timelines
-        result, timelines = recounting.load(ref, store_dir)
-        for run, tl in zip(result.runs, timelines, strict=True):
-            run.timeline = tl
-    else:
-        result = store.load(ref, store_dir)
+    result = base.load_result(ref, store_dir, opts)
     env = result.environment
     if not opts["as_json"]:
         base.out.print(

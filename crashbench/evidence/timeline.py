@@ -13,13 +13,15 @@ result follow each other, each opened by its `run` line:
                worker died inside), f (1: it raised), p(id), x (thread)
     ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
-    broker     the server: down, up, failover, replica_cut: t    broker_fault   its record
-    recover    a recovery pass: t, gave_back (the design's own figure; null when it does not tell)
+    mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
+               -1 when it does not tell), the server ("down", "up", "failover", "replica_cut"), the
+               drain's start ("drain"), a pause healed ("resume <worker>")
+    broker_fault   the broker fault as executed
     depth      the harness's reading of the queue: t, pending, inflight, delayed, dead
-    exit       a worker that ended on its own                   drain   start / end: t, drained, cut_off
+    exit       a worker that ended on its own
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
     located    the harness's final reading of Redis              state   the design's own final report
-    end        the run's end: faults_end, drained_at, inspect_s, workdir
+    end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
 Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
 """
@@ -77,7 +79,8 @@ class Depth:
 @dataclass(frozen=True, slots=True)
 class Mark:
     """A point event: a recovery pass (`what` "recover", `n` what it gave back by the design's own
-    figure, -1 unknown), a broker event (down, up, failover, replica_cut), the drain's start."""
+    figure, -1 unknown), a broker event (down, up, failover, replica_cut), the drain's start, a paused
+    worker resumed ("resume w3": the pause healed)."""
 
     t: float
     what: str

@@ -46,6 +46,7 @@ class WorkerFaults:
         self.t0 = 0.0
         self.records: list[KillRecord] = []
         self.paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
+        self.healed: list[tuple[float, str]] = []  # (harness clock, worker): a pause's end, SIGCONT sent
 
     @property
     def done(self) -> bool:
@@ -56,6 +57,7 @@ class WorkerFaults:
             if now >= resume_at:
                 self.sup.thaw(w)
                 del self.paused[name]
+                self.healed.append((self.clock(), name))
 
     def step(self, now: float) -> bool:
         """Fire the next worker fault if it can fire now. True: it waits for its victim to enter a

@@ -165,8 +165,10 @@ def _density(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes) -> list[str]
 
 def _faults(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
     out = []
-    pause = float(tl.scenario.get("pause", 0) or 0)
+    # How long each fault lasts is the planned fault's own (a [[faults]] entry may set its pause).
+    lasts = {f.index: f.duration for f in tl.planned}
     for k in tl.kills:
+        pause = lasts.get(k.index, 0.0)
         if not 0 <= k.slot < g.slots:
             continue
         kind = FAULT_KIND.get(k.signal, "kill")

@@ -353,7 +353,12 @@ class CrashRun:
                 for ex in self.ledger.executions
             ],
             ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
-            marks=[Mark(rel(t, t0), what, n) for t, what, n in self.marks], depth=self.depth,
+            marks=sorted(
+                [Mark(rel(t, t0), what, n) for t, what, n in self.marks]
+                + [Mark(rel(t, t0), f"resume {worker}") for t, worker in self.worker_faults.healed],
+                key=lambda m: m.t,
+            ),
+            depth=self.depth,
             broker_fault=bf.record if bf else None, exits=self.exits,
             held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
