@@ -244,3 +244,20 @@ def test_a_poll_after_finish_reads_nothing_twice(tmp_path: Path) -> None:
     ledger.finish()
     ledger.poll()
     assert len(ledger.executions) == 1 and ledger.completed["a"] == 1
+
+
+def test_an_ack_names_an_execution_its_context_completed_and_an_orphan_one_is_reported(tmp_path: Path) -> None:
+    ledger = ledger_with(tmp_path, "w0")
+    LedgerWriter(ledger.path_for("w0")).acked(["z"], 0.5, xid=9)  # the writer's own format: nothing ended yet
+    append(
+        ledger.path_for("w0"),
+        "S a 1.0 7 9\nE a 1.5 7 9\nS b 1.5 7 9\nE b 1.8 7 9\n"  # a batch of two, acked together after it
+        "A b 1.9 7 8\n"  # another thread: reported
+        "A a 2.0 7 9\nA b 2.0 7 9\n"
+        "A b 2.1 7 9\n"  # b again: reported
+        "S c 2.2 7 9\nF c 2.3 7 9\nA c 2.4 7 9\n",  # a failed execution is not acked: reported
+    )
+    ledger.finish()
+
+    assert [(ex.job, ex.acked) for ex in ledger.executions] == [("a", 2.0), ("b", 2.0), ("c", None)]
+    assert [(p.kind, p.job) for p in ledger.problems] == [("orphan_ack", j) for j in ("z", "b", "b", "c")]

@@ -41,6 +41,11 @@ def test_a_shipped_scenario_meets_its_own_expectations(name: str, tmp_path: Path
     again = recount.recount(*recount.load(str(saved)))
     assert [r.differences for r in again] == [[] for _ in result.runs]
     if name == "default":
+        # crashbench's own worker records each ack once it returned, after the handler's end.
+        for run in result.runs:
+            assert run.timeline is not None
+            done = [ex for ex in run.timeline.executions if ex.completed]
+            assert len(done) >= run.counts.done and all(ex.acked is not None and ex.acked >= ex.end for ex in done)
         _the_saved_result_is_drawn(saved, [r.design for r in result.runs])
         _a_changed_timeline_is_not_reproduced(saved)
 

@@ -8,6 +8,8 @@ Records, one per line, fields separated by one space, times on the harness clock
     S <job> <t> <pid> <xid>   the handler of <job> starts
     E <job> <t> <pid> <xid>   the handler of <job> ended, written before the ack
     F <job> <t> <pid> <xid>   the handler of <job> raised (the job failed), written before the design's fail
+    A <job> <t> <pid> <xid>   the design acknowledged <job> after that context's last end (crashbench's
+                              own worker writes it once the ack returned; a library's cannot tell)
 
 <pid> is the writing process and <xid> its writing thread (threading.get_ident()): together they
 name one execution context. One worker file can hold several handlers at once (library workers with
@@ -16,7 +18,8 @@ never merely with the last start in the file.
 
 The runner tails all files as the run goes (`Ledger.poll`), which gives live progress, tells the
 fault scheduler which worker is inside a handler, and in the end every execution of every job.
-What does not fit (an end without its start, a start over an open one, a bad or cut line) is kept
+What does not fit (an end without its start, a start over an open one, an ack of no completed
+execution, a bad or cut line) is kept
 in `Ledger.problems`: evidence about the harness, never silently absorbed into the counts.
 """
 
@@ -32,6 +35,9 @@ from typing import BinaryIO
 # The pid is read on every record, and os.getpid() is a system call; a writer inherited through
 # fork (a library forking its work horse) must still write the child's pid, hence the hook.
 _pid = os.getpid()
+
+
+ACKABLE = 1024  # completed executions per context that an ack may still name (more than any batch)
 
 
 def _refresh_pid() -> None:
@@ -82,6 +88,14 @@ class LedgerWriter:
         ctx = b"%d %d" % (_pid, get_ident() if xid is None else xid)
         os.write(self.fd, b"E %s %.6f %s\nS %s %.6f %s\n" % (job_id.encode(), now, ctx, next_job.encode(), now, ctx))
 
+    def acked(self, job_ids: list[str], now: float, xid: int | None = None) -> None:
+        """The acks of a fetch's finished jobs (one, or a batch acked at once), in one write."""
+        for job in job_ids:
+            if not job or " " in job or not job.isprintable():
+                raise _refuse(job)
+        ctx = b"%d %d" % (_pid, get_ident() if xid is None else xid)
+        os.write(self.fd, b"".join(b"A %s %.6f %s\n" % (job.encode(), now, ctx) for job in job_ids))
+
     def fail(self, job_id: str, now: float, xid: int | None = None) -> None:
         if not job_id or " " in job_id or not job_id.isprintable():
             raise _refuse(job_id)
@@ -100,6 +114,7 @@ class Execution:
     failed: bool = False  # the handler raised; `end` is when
     pid: int = 0  # the process that ran the handler
     xid: int = 0  # the thread of that process that ran it
+    acked: float | None = None  # when the design's ack of it returned (crashbench's own worker only)
 
     @property
     def completed(self) -> bool:
@@ -108,8 +123,8 @@ class Execution:
 
 @dataclass(frozen=True, slots=True)
 class LedgerProblem:
-    """A record (or the lack of one) that does not fit: `kind` is orphan_end, double_open, malformed
-    or torn; `job` when the record names one."""
+    """A record (or the lack of one) that does not fit: `kind` is orphan_end, orphan_ack, double_open,
+    malformed or torn; `job` when the record names one."""
 
     kind: str
     worker: str
@@ -125,6 +140,9 @@ class _Tail:
     ready_at: float | None = None
     # The executions this worker is inside right now, by "<pid> <xid>", in the order they started.
     opens: dict[str, Execution] = field(default_factory=dict)
+    # Per context, the executions it completed and has not acked yet, by job (a batch is acked after
+    # its last job ends); bounded, since a library's worker never writes an ack.
+    unacked: dict[str, dict[str, Execution]] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,7 +190,7 @@ class Ledger:
         # lookup per record. Executions are keyed by the raw "<pid> <xid>" text, which the writer
         # spells the same way in a start and its end, so an end converts no numbers but its time;
         # an end that matches nothing is looked at closely on that (rare) path only.
-        opens, executions, completed = tail.opens, self.executions, self.completed
+        opens, unacked, executions, completed = tail.opens, tail.unacked, self.executions, self.completed
         for line in lines:
             f = line.split(" ", 3)
             try:
@@ -196,8 +214,19 @@ class Ledger:
                     ex.end = end
                     if kind == "E":
                         completed[job] += 1
+                        waiting = unacked.setdefault(key, {})
+                        waiting[job] = ex
+                        if len(waiting) > ACKABLE:
+                            del waiting[next(iter(waiting))]
                     else:
                         ex.failed = True
+                elif kind == "A":
+                    acked = float(t)
+                    ex = unacked.get(key, {}).pop(job, None)
+                    if ex is None:
+                        self._problem("orphan_ack", worker, job, f"{line!r}: no completed execution of it to ack there")
+                        continue
+                    ex.acked = acked
                 else:
                     raise ValueError("unknown kind")
             except ValueError:

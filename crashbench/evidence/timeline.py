@@ -10,7 +10,8 @@ result follow each other, each opened by its `run` line:
     enqueue    a chunk of ids sent to the queue: t, ids, ok (acknowledged; false: indeterminate), lag
     spawn      a worker process started: t, worker, slot, pid         ready   its READY: t, worker
     x          one handler execution from the ledgers: j(ob), w(orker), s(tart), d (end; null: the
-               worker died inside), f (1: it raised), p(id), x (thread)
+               worker died inside), f (1: it raised), p(id), x (thread), a (its ack returned; null:
+               not acked, or a library's worker, which cannot tell)
     ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
@@ -190,7 +191,7 @@ class Timeline:
             yield {"e": "depth", "t": d.t, "p": d.pending, "i": d.inflight, "l": d.delayed, "d": d.dead}
         for ex in self.executions:
             yield {"e": "x", "j": ex.job, "w": ex.worker, "s": ex.start, "d": ex.end, "f": int(ex.failed),
-                   "p": ex.pid, "x": ex.xid}  # fmt: skip
+                   "p": ex.pid, "x": ex.xid, "a": ex.acked}  # fmt: skip
         for lp in self.ledger_problems:
             yield {"e": "ledger_problem", **asdict(lp)}
         for x in self.exits:
@@ -257,7 +258,7 @@ def _parse(f: IO[str]) -> list[Timeline]:
 
 def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     if e == "x":
-        tl.executions.append(Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"]))
+        tl.executions.append(Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"], d["a"]))
     elif e == "enqueue":
         tl.enqueues.append(Enqueue(d["t"], d["ids"], d["ok"], d["lag"]))
     elif e == "spawn":

@@ -112,7 +112,7 @@ def _bars(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes) -> list[str]:
         y = g.y(slot) + row * h
         x0 = scale.x(ex.start)
         w = max(scale.x(end) - x0, 0.6 if kind == "done" else 2.0)  # the rare kinds must not vanish
-        until = "killed" if ex.end is None else f"{end:.3f} s"
+        until = "killed" if ex.end is None else f"{end:.3f} s" + (f", acked {ex.acked:.3f} s" if ex.acked else "")
         tip = f"job {ex.job} · {ex.worker} · {ex.start:.3f} s → {until}{KIND_TEXT[kind]}"
         out.append(f'<rect class="x {kind}" x="{num(x0)}" y="{num(y + 0.5)}" width="{num(w)}" '
                    f'height="{num(max(h - 1, 1))}"><title>{esc(tip)}</title></rect>')  # fmt: skip

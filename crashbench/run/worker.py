@@ -144,6 +144,7 @@ def run_batch(spec: WorkerSpec, design: Design, name: str, ledger: LedgerWriter,
             design.fail(name, job, clock())
     if finished:
         design.ack_batch(name, finished, clock())
+        ledger.acked([job.id for job in finished], clock())
 
 
 class StopRequest:
