@@ -63,7 +63,7 @@ class CrashRun:
     STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
     DEPTH_EVERY = 0.25  # seconds between the harness's readings of the queue's depth (the timeline)
-    DEPTH_COST = 30  # ... and at least this many times as long as the last reading took
+    DEPTH_COST = 50  # ... and at least this many times as long as the last reading took (<= 2 % of the run)
 
     def __init__(
         self,
