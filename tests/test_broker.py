@@ -84,12 +84,14 @@ def test_broker_faults_and_persistence_are_refused_on_a_server_crashbench_does_n
         run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
 
 
-def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenario) -> None:
+def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenario, tmp_path: Path) -> None:
     """One scheduler fires both kinds: a worker is SIGKILLed while the server is down, and the counts
     stay exact (no persistence: what the server held at its kill and never ran is what is lost)."""
     entry = {"signal": "SIGKILL", "at": 0.5, "count": 4, "every": 0.3, "kill_when": "any"}
     sc = dataclasses.replace(backlog, schedule=(entry,), downtime=0.5)  # the server is down from 0.8 s to ~1.3 s
-    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    result = run_designs(sc, ["reliable"], Options())
+    assert_recounts(result, tmp_path)  # a mixed schedule, from the timeline alone
+    run = result.runs[0]
     c, bf = run.counts, run.broker_fault
     assert run.problems == [] and bf is not None and bf.back_at is not None
     assert [k.planned_at for k in run.kills] == [0.5, 0.8, 1.1, 1.4]
