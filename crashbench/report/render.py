@@ -14,49 +14,11 @@ from crashbench.bench.results import BenchResult
 from crashbench.evidence.counts import Problem
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.report.results import label as label_of
+from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail
 from crashbench.run.runner import Progress
 from crashbench.scenario.thresholds import coverage
 
 IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
-
-# (label, count field) in display order; outcome classes first, then events.
-ROWS: tuple[tuple[str, str], ...] = (
-    ("enqueued", "enqueued"),
-    ("done", "done"),
-    ("lost", "lost"),
-    ("unconfirmed", "unconfirmed"),
-    ("stranded", "stranded"),
-    ("failed", "failed"),
-    ("dead-lettered", "dead_lettered"),
-    ("  of which poison", "dead_lettered_poison"),
-    ("duplicated", "duplicated"),
-    ("  overlapping", "duplicated_overlapping"),
-    ("  sequential", "duplicated_sequential"),
-    ("extra executions", "extra_executions"),
-    ("requeued", "requeued"),
-    ("failed attempts", "failed_attempts"),
-    ("retried", "retried"),
-    ("  before their backoff", "early_retries"),
-    ("unexpected", "unexpected"),
-    ("interrupted", "interrupted"),
-    ("  never ran again", "unrecovered"),
-    ("indeterminate enqueues", "indeterminate"),
-    ("  done all the same", "recovered"),
-    ("acks lost", "acks_lost"),
-    ("undrained", "undrained"),
-    ("worker crashes", "worker_crashes"),
-    ("library disagrees", "library_disagrees"),
-)
-ALARM = {
-    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
-    "undrained", "worker_crashes", "library_disagrees",
-}  # fmt: skip
-# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
-OPTIONAL = {
-    "unconfirmed", "indeterminate", "recovered", "acks_lost",
-    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
-}  # fmt: skip
 
 
 def _recovery(ms: float) -> str:
@@ -68,15 +30,7 @@ def _failed_metrics(result: Result, name: str) -> set[str]:
 
 
 def threshold_line(t: ThresholdResult) -> Text:
-    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
-    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
-    detail = f"got {got}"
-    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
-        detail += f", bound {number(t.expected)}{unit}"
-    if t.baseline is not None:
-        detail += f", baseline {number(t.baseline)}{unit}"
-    if t.note:
-        detail += f"; {t.note}"
+    detail = threshold_detail(t)
     if t.source == "default":
         detail += "; default"  # nobody wrote it: say where it came from
     mark, style = {"pass": ("✓", "green"), "fail": ("✗", "red"), "inconclusive": ("?", "yellow")}[t.status]

@@ -1,5 +1,5 @@
 """The report's tables: counts per run (in the terminal table's order), thresholds with ✓ / ✗, the
-scenario and the environment. The row list is copied from crashbench.report.render, which imports rich."""
+scenario and the environment. The rows are crashbench.report.rows, as in the terminal table."""
 
 from __future__ import annotations
 
@@ -8,51 +8,16 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from crashbench.report import rows as table_rows
 from crashbench.report.results import DesignRun, Result, ThresholdResult, number
 from crashbench.report.results import label as label_of
 from crashbench.report.svg import esc
 
-# (label, count field) in display order; outcome classes first, then events. A leading "  " marks a
-# row that breaks down the one above it.
-ROWS: tuple[tuple[str, str], ...] = (
-    ("enqueued", "enqueued"),
-    ("done", "done"),
-    ("lost", "lost"),
-    ("unconfirmed", "unconfirmed"),
-    ("stranded", "stranded"),
-    ("failed", "failed"),
-    ("dead-lettered", "dead_lettered"),
-    ("  of which poison", "dead_lettered_poison"),
-    ("duplicated", "duplicated"),
-    ("  overlapping", "duplicated_overlapping"),
-    ("  sequential", "duplicated_sequential"),
-    ("extra executions", "extra_executions"),
-    ("requeued", "requeued"),
-    ("failed attempts", "failed_attempts"),
-    ("retried", "retried"),
-    ("  before their backoff", "early_retries"),
-    ("unexpected", "unexpected"),
-    ("interrupted", "interrupted"),
-    ("  never ran again", "unrecovered"),
-    ("indeterminate enqueues", "indeterminate"),
-    ("  done all the same", "recovered"),
-    ("acks lost", "acks_lost"),
-    ("undrained", "undrained"),
-    ("worker crashes", "worker_crashes"),
-    ("library disagrees", "library_disagrees"),
-    ("kills", "kills"),
-    ("  mid-job", "kills_mid_job"),
-)
-ALARM = {
-    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
-    "undrained", "worker_crashes", "library_disagrees", "unrecovered",
-}  # fmt: skip
-# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
-OPTIONAL = {
-    "unconfirmed", "indeterminate", "recovered", "acks_lost",
-    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
-}  # fmt: skip
+# The terminal table's rows, then the kills: the page has no separate faults table. A leading "  "
+# marks a row that breaks down the one above it; a run that never ran again is an alarm here too.
+ROWS: tuple[tuple[str, str], ...] = (*table_rows.ROWS, ("kills", "kills"), ("  mid-job", "kills_mid_job"))
+ALARM = table_rows.ALARM | {"unrecovered"}
+OPTIONAL = table_rows.OPTIONAL
 MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
 
 
@@ -107,19 +72,6 @@ def counts(result: Result) -> str:
     return "".join(out)
 
 
-def _detail(t: ThresholdResult) -> str:
-    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
-    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
-    text = f"got {got}"
-    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
-        text += f", bound {number(t.expected)}{unit}"
-    if t.baseline is not None:
-        text += f", baseline {number(t.baseline)}{unit}"
-    if t.note:
-        text += f"; {t.note}"
-    return text
-
-
 def thresholds(result: Result) -> str:
     """Every threshold against every design in one grid: a row per threshold as written, a column per
     design (or sweep value), each cell its mark and the value checked; the detail in its tooltip."""
@@ -138,7 +90,7 @@ def thresholds(result: Result) -> str:
                 cells.append("<td></td>")
                 continue
             got = "-" if t.actual is None else number(t.actual)
-            tip = f"{t.status}: {_detail(t)} (from {t.source})"
+            tip = f"{t.status}: {table_rows.threshold_detail(t)} (from {t.source})"
             cells.append(
                 f'<td class="mark {t.status}" title="{esc(tip)}">{MARK[t.status]} <span>{esc(got)}</span></td>'
             )

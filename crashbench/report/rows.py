@@ -1,0 +1,59 @@
+"""The counts a table shows, in order, and how: shared by the terminal table (render.py) and the HTML
+report (tables.py). No rich here: the HTML report is core-side."""
+
+from __future__ import annotations
+
+from crashbench.report.results import ThresholdResult, number
+
+# (label, count field) in display order; outcome classes first, then events.
+ROWS: tuple[tuple[str, str], ...] = (
+    ("enqueued", "enqueued"),
+    ("done", "done"),
+    ("lost", "lost"),
+    ("unconfirmed", "unconfirmed"),
+    ("stranded", "stranded"),
+    ("failed", "failed"),
+    ("dead-lettered", "dead_lettered"),
+    ("  of which poison", "dead_lettered_poison"),
+    ("duplicated", "duplicated"),
+    ("  overlapping", "duplicated_overlapping"),
+    ("  sequential", "duplicated_sequential"),
+    ("extra executions", "extra_executions"),
+    ("requeued", "requeued"),
+    ("failed attempts", "failed_attempts"),
+    ("retried", "retried"),
+    ("  before their backoff", "early_retries"),
+    ("unexpected", "unexpected"),
+    ("interrupted", "interrupted"),
+    ("  never ran again", "unrecovered"),
+    ("indeterminate enqueues", "indeterminate"),
+    ("  done all the same", "recovered"),
+    ("acks lost", "acks_lost"),
+    ("undrained", "undrained"),
+    ("worker crashes", "worker_crashes"),
+    ("library disagrees", "library_disagrees"),
+)
+ALARM = {
+    "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
+    "undrained", "worker_crashes", "library_disagrees",
+}  # fmt: skip
+# Shown only when some run has a non-zero value: a plain crash test keeps a short table.
+OPTIONAL = {
+    "unconfirmed", "indeterminate", "recovered", "acks_lost",
+    "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
+}  # fmt: skip
+
+
+def threshold_detail(t: ThresholdResult) -> str:
+    """ "got 5, bound 3, baseline 4; note": the value checked and what it was checked against."""
+    unit = f" {t.unit}" if t.unit not in ("", "x") else ""
+    got = "-" if t.actual is None else f"{number(t.actual)}{unit}"
+    text = f"got {got}"
+    if t.expected is not None and (t.baseline is not None or not t.threshold.endswith(number(t.expected))):
+        text += f", bound {number(t.expected)}{unit}"
+    if t.baseline is not None:
+        text += f", baseline {number(t.baseline)}{unit}"
+    if t.note:
+        text += f"; {t.note}"
+    return text
