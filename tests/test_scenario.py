@@ -294,7 +294,12 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ('kind = "network"', "kind must be signal, broker-kill or failover, not 'network'"),
+        ('kind = "meteor"', "kind must be signal, network, broker-kill or failover, not 'meteor'"),
+        ('kind = "network"\ntoxic = "gremlins"', "toxic must be one of latency, bandwidth, slicer"),
+        ('kind = "network"\ntoxic = "latency"\ndirection = "sideways"', "direction must be one of upstream"),
+        ('kind = "network"\ntoxic = "down"\nslot = 0\nworkers = 2', "give slot or workers, not both"),
+        ('kind = "network"\ntoxic = "latency"\nlatency = -5', "latency must be a number from 0"),
+        ('kind = "network"\ntoxic = "down"\nsignal = "SIGKILL"', "unknown key 'signal' for network"),
         ("slot = 3", "slot must be a worker slot, 0 to 2, not 3"),
         ("count = 1.5", "count must be a whole number"),
         ("every = -1", "every must be at least 0"),
@@ -307,6 +312,21 @@ def test_a_faults_entry_that_cannot_run_is_a_scenario_problem(entry: str, proble
     text = f"[workload]\nworkers = 3\n[[faults]]\n{entry}\n"
     with pytest.raises(ScenarioError, match=re.escape(problem)):
         scenario.parse(tomllib.loads(text), "bad.toml")
+
+
+def test_a_network_entry_plans_its_toxic_on_its_slots() -> None:
+    text = (
+        '[workload]\nworkers = 4\n[[faults]]\nkind = "network"\ntoxic = "latency"\nlatency = 200\njitter = 50\n'
+        'at = 1.0\nduration = 2.0\nworkers = 2\n[[faults]]\nkind = "network"\ntoxic = "timeout"\nslot = 3\n'
+        '[[faults]]\nkind = "network"\ntoxic = "reset_peer"\ndirection = "downstream"\nat = 4\n'
+    )
+    sc = scenario.parse(tomllib.loads(text), "net.toml")
+    timeout, latency, reset = (f for f in plan(sc) if f.kind == "network")  # by start
+    assert latency.toxic == {"name": "latency", "direction": "both", "latency": 200, "jitter": 50}
+    assert (latency.at, latency.end, len(latency.slots)) == (1.0, 3.0, 2) and set(latency.slots) <= {0, 1, 2, 3}
+    assert (timeout.at, timeout.end, timeout.slots) == (0.5, None, (3,))  # no duration: it never heals
+    assert reset.slots == (0, 1, 2, 3) and reset.toxic["direction"] == "downstream"  # neither: every worker
+    assert plan(sc) == plan(sc)  # seeded
 
 
 def test_a_run_has_at_most_one_broker_fault() -> None:

@@ -94,7 +94,7 @@ class _Session:
         self.gate: tuple[int, int] | None = None  # a pipe the next workers wait on after READY
         parent = os.getpid()
 
-        def prepare(name: str) -> Callable[[], int]:
+        def prepare(name: str, slot: int) -> Callable[[], int]:
             gate = self.gate[0] if self.gate else None
             if self.bare:
                 out = self.dir / f"{name}.bare"

@@ -61,6 +61,7 @@ class Counts:
     # handler completed, or a success of a job whose handler never completed
     library_disagrees: int = 0
     worker_crashes: int = 0  # workers that exited although no fault was aimed at them
+    stuck_workers: int = 0  # worker slots a network fault hit that never started a handler again while jobs waited
     unrecovered: int = 0  # jobs a fault interrupted (mid-job) that never started again
     # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
     held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed

@@ -16,6 +16,7 @@ from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
 from crashbench.evidence.ledger import Execution
 from crashbench.evidence.timeline import Timeline
+from crashbench.faults.records import NetworkFaultRecord
 from crashbench.report.results import DesignRun, KillRecord, Timings
 from crashbench.scenario import Scenario
 
@@ -42,6 +43,28 @@ def recovery_ms(k: KillRecord, runs: Sequence[Execution]) -> float | None:
     if any(ex.completed and ex.end is not None and ex.end > at for ex in runs):
         return None  # a pause or a graceful stop: the job finished in the execution it was in
     return math.inf
+
+
+def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
+    """What the queue did after a network fault healed, from the ledgers and the harness's readings:
+    how soon its slots started a handler again, how soon anything completed, how soon it drained,
+    completions per second before, during and after it, and which of its slots never resumed although
+    jobs waited (another slot started one, or the harness read pending jobs, after the heal)."""
+    if nf.healed_at is None:
+        return nf
+    healed, slot_of = nf.healed_at, tl.slot_of()
+    starts = [(ex.start, slot_of.get(ex.worker)) for ex in tl.executions if ex.start >= healed]
+    mine = sorted(t for t, s in starts if s in nf.slots)
+    nf.resume_ms = round((mine[0] - healed) * 1000, 3) if mine else None
+    ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
+    nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None
+    nf.drained_ms = round((tl.drained_at - healed) * 1000, 3) if tl.drained else None
+    waited = any(s not in nf.slots for _, s in starts) or any(d.t >= healed and d.pending for d in tl.depth)
+    nf.stuck = [s for s in nf.slots if waited and s not in {s2 for _, s2 in starts}]
+    span = max(healed - nf.at, 0.001)
+    done = [ex.end for ex in tl.executions if ex.completed and ex.end is not None]
+    nf.per_s = [round(sum(1 for t in done if lo <= t < lo + span) / span, 2) for lo in (nf.at - span, nf.at, healed)]
+    return nf
 
 
 def design_run(tl: Timeline) -> DesignRun:
@@ -94,6 +117,8 @@ def design_run(tl: Timeline) -> DesignRun:
     # Every handler a kill interrupted, not only the one its record names: a worker running several
     # (threads, a pool) leaves several jobs for recovery to give back.
     c.unrecovered = sum(1 for k in kill_records for j in k.jobs if math.isinf(recovery_ms(k, runs_of[j]) or 0.0))
+    network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), tl) for nf in tl.network]
+    c.stuck_workers = len({s for nf in network for s in nf.stuck})
     return DesignRun(
         design=tl.spec,
         variant=tl.variant,
@@ -102,6 +127,7 @@ def design_run(tl: Timeline) -> DesignRun:
         counts=c,
         timings=_timings(tl, sc, kill_records, c.done, recoveries),
         kills=kill_records,
+        network_faults=network,
         repeat=tl.repeat,
         schedule=tl.planned,
         broker_fault=tl.broker_fault,

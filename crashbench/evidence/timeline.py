@@ -14,6 +14,7 @@ result follow each other, each opened by its `run` line:
                not acked, or a library's worker, which cannot tell)
     ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
+    net        a network fault as executed: index, toxic, slots, at, healed_at
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
                -1 when it does not tell), the server ("down", "up", "failover", "replica_cut"), the
                drain's start ("drain"), a pause healed ("resume <worker>")
@@ -40,7 +41,7 @@ from typing import IO, Any
 
 from crashbench.designs import Located, QueueState
 from crashbench.evidence.ledger import Execution, LedgerProblem
-from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, WorkerExit
+from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 
 SCHEMA = "crashbench.timeline"
 SCHEMA_VERSION = 1
@@ -118,6 +119,7 @@ class Timeline:
     ledger_problems: list[LedgerProblem] = field(default_factory=list)
     planned: list[Fault] = field(default_factory=list)
     kills: list[KillRecord] = field(default_factory=list)
+    network: list[NetworkFaultRecord] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     depth: list[Depth] = field(default_factory=list)
     broker_fault: BrokerFaultRecord | None = None
@@ -184,6 +186,9 @@ class Timeline:
             yield {"e": "planned", **asdict(p)}
         for k in self.kills:  # as executed: what the counting derives from them is not evidence
             yield {"e": "kill", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
+        for nf in self.network:  # as executed: what the counting derives from them is not evidence
+            yield {"e": "net", "index": nf.index, "toxic": nf.toxic, "slots": nf.slots, "at": nf.at,
+                   "healed_at": nf.healed_at}  # fmt: skip
         for m in self.marks:
             yield {"e": "mark", "t": m.t, "what": m.what, "n": m.n}
         if self.broker_fault is not None:
@@ -282,9 +287,11 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "ready":
         tl.ready[d["worker"]] = d["t"]
     elif e == "planned":
-        tl.planned.append(Fault(**d))
+        tl.planned.append(Fault(**{**d, "slots": tuple(d.get("slots", ()))}))
     elif e == "kill":
         tl.kills.append(KillRecord(**d))
+    elif e == "net":
+        tl.network.append(NetworkFaultRecord(d["index"], d["toxic"], d["slots"], d["at"], d["healed_at"]))
     elif e == "mark":
         tl.marks.append(Mark(d["t"], d["what"], d["n"]))
     elif e == "broker_fault":

@@ -21,6 +21,15 @@ A scenario describes its faults two ways, and a run may have both:
       at = 1.0
       downtime = 0.5              # broker-kill only
 
+      [[faults]]
+      kind = "network"            # a toxic on the workers' connections (crashbench.faults.proxy)
+      toxic = "timeout"           # latency, bandwidth, slicer, limit_data, timeout, reset_peer, down
+      direction = "both"          # or "upstream" (worker -> server), "downstream"
+      at = 1.0
+      duration = 3.0              # then it heals; 0: never
+      slot = 0                    # one worker; or workers = k (k seeded slots); neither: every worker
+      timeout = 0                 # the toxic's own attributes, Toxiproxy's names (latency, jitter, ...)
+
 TOML cannot hold both `[faults]` and `[[faults]]` in one file: a file with `[[faults]]` has no
 periodic group (kills = 0) unless the command line adds one (--kills).
 """
@@ -37,6 +46,8 @@ if TYPE_CHECKING:
     from crashbench.scenario import Scenario
 
 WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause")
+TOXIC_ATTRIBUTES = ("latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout")
+NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", *TOXIC_ATTRIBUTES)
 BROKER_KEYS = ("kind", "at", "downtime")
 BROKER_KINDS = {"broker-kill": "kill", "failover": "failover"}  # [[faults]] kind -> [broker] fault
 
@@ -52,6 +63,9 @@ def plan(scenario: Scenario) -> list[Fault]:
         for i in range(sc.kills)
     ]  # fmt: skip
     for entry in sc.schedule:
+        if entry.get("kind") == "network":
+            out.append(_network(entry, len(out), sc.workers, rng))
+            continue
         every = float(entry.get("every", 0.5))
         for n in range(int(entry.get("count", 1))):
             slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workers)
@@ -65,6 +79,19 @@ def plan(scenario: Scenario) -> list[Fault]:
         kind = "broker-kill" if sc.fault == "kill" else "failover"
         out.append(Fault(len(out), sc.fault_at, -1, kind, duration=sc.downtime if kind == "broker-kill" else 0.0))
     return [dataclasses.replace(f, index=i) for i, f in enumerate(sorted(out, key=lambda f: f.at))]
+
+
+def _network(entry: dict[str, Any], index: int, workers: int, rng: random.Random) -> Fault:
+    if "slot" in entry:
+        slots = (entry["slot"],)
+    elif "workers" in entry:
+        slots = tuple(sorted(rng.sample(range(workers), min(entry["workers"], workers))))
+    else:
+        slots = tuple(range(workers))
+    toxic = {"name": entry["toxic"], "direction": entry.get("direction", "both")}
+    toxic |= {k: entry[k] for k in TOXIC_ATTRIBUTES if k in entry}
+    at, duration = float(entry.get("at", 0.5)), float(entry.get("duration", 0.0))
+    return Fault(index, round(at, 6), -1, "network", duration=duration, slots=slots, toxic=toxic)
 
 
 def worker_faults(scenario: Scenario) -> list[Fault]:
@@ -88,17 +115,25 @@ def parse_entries(entries: list[Any], values: dict[str, Any], problems: list[str
                 problems.append(f"[[faults]] entry {n}: a run has at most one broker fault")
             values["fault"] = BROKER_KINDS[kind]
             values.update({k2: entry[k] for k, k2 in (("at", "fault_at"), ("downtime", "downtime")) if k in entry})
+        elif kind == "network":
+            problems += [f"[[faults]] entry {n}: unknown key {k!r} for network (known: {', '.join(NETWORK_KEYS)})"
+                         for k in entry if k not in NETWORK_KEYS]  # fmt: skip
+            schedule.append(dict(entry))
         elif kind == "signal":
             problems += [f"[[faults]] entry {n}: unknown key {k!r} (known: {', '.join(WORKER_KEYS)})"
                          for k in entry if k not in WORKER_KEYS]  # fmt: skip
             schedule.append({k: v for k, v in entry.items() if k != "kind"})
         else:
-            problems.append(f"[[faults]] entry {n}: kind must be signal, broker-kill or failover, not {kind!r}")
+            problems.append(
+                f"[[faults]] entry {n}: kind must be signal, network, broker-kill or failover, not {kind!r}"
+            )
     values["schedule"] = tuple(schedule)
 
 
 def entry_problems(entry: dict[str, Any], n: int, workers: int, signals: tuple[str, ...]) -> list[str]:
-    """What is wrong with one worker entry of [[faults]], one line each."""
+    """What is wrong with one worker or network entry of [[faults]], one line each."""
+    if entry.get("kind") == "network":
+        return _network_problems(entry, n, workers)
     where = f"[[faults]] signal entry {n}"
     p = []
     for key, whole, low in (("at", False, 0), ("count", True, 1), ("every", False, 0), ("pause", False, 0)):
@@ -118,4 +153,27 @@ def entry_problems(entry: dict[str, Any], n: int, workers: int, signals: tuple[s
         p.append(f"{where}: kill_when must be mid-job or any, not {entry.get('kill_when')!r}")
     if entry.get("target", "tree") not in ("tree", "parent", "child"):
         p.append(f"{where}: target must be tree, parent or child, not {entry.get('target')!r}")
+    return p
+
+
+def _network_problems(entry: dict[str, Any], n: int, workers: int) -> list[str]:
+    from crashbench.faults.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
+
+    where = f"[[faults]] network entry {n}"
+    p = []
+    if entry.get("toxic") not in TOXICS:
+        p.append(f"{where}: toxic must be one of {', '.join(TOXICS)}, not {entry.get('toxic')!r}")
+    if entry.get("direction", "both") not in DIRECTIONS:
+        p.append(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, not {entry.get('direction')!r}")
+    for key in ("at", "duration", *TOXIC_ATTRIBUTES):
+        v = entry.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10**9):
+            p.append(f"{where}: {key} must be a number from 0, not {v!r}")
+    slot, k = entry.get("slot"), entry.get("workers")
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < workers):
+        p.append(f"{where}: slot must be a worker slot, 0 to {workers - 1}, not {slot!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= workers):
+        p.append(f"{where}: workers must be a number of workers, 1 to {workers}, not {k!r}")
+    if slot is not None and k is not None:
+        p.append(f"{where}: give slot or workers, not both")
     return p

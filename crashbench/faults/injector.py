@@ -1,6 +1,6 @@
 """Fault injection: the planned faults (crashbench.faults), fired from the runner's loop, one step per
 tick, never blocking it, so faults of different kinds overlap (a worker killed while the server is
-down). Worker faults fire in order of their start; a broker fault fires at its own time.
+down). Worker faults fire in order of their start; a broker fault and network faults at their own.
 
 A mid-job worker fault waits for its victim to be inside a handler: it freezes the victim (SIGSTOP),
 checks the ledger again, and only then delivers the signal, so "the victim was inside job X" is
@@ -19,7 +19,8 @@ from crashbench.evidence import tally
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
 from crashbench.faults.broker import Broker, Producer, wait_back
-from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord
+from crashbench.faults.proxy import ProxyProcess
+from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 
 Clock = Callable[[], float]
@@ -196,3 +197,38 @@ class BrokerFaults:
             back_at = self.clock()
             self.record.back_at = rel(back_at, self.t0)
             self.mark(back_at, "up")
+
+
+class NetworkFaults:
+    """Network faults on the workers' connections through the proxy (crashbench.faults.proxy): each
+    is switched on at its start and healed at its end; faults on one slot at once add up."""
+
+    def __init__(self, planned: list[Fault], proxy: ProxyProcess, clock: Clock) -> None:
+        self.waiting = deque(f for f in planned if f.kind == "network")
+        self.proxy, self.clock = proxy, clock
+        self.t0 = 0.0
+        self.on: list[tuple[Fault, NetworkFaultRecord]] = []  # started, not healed
+        self.records: list[NetworkFaultRecord] = []
+
+    @property
+    def done(self) -> bool:
+        """Every fault started; those with an end healed (the drain waits for nothing else)."""
+        return not self.waiting and not any(f.duration for f, _ in self.on)
+
+    def step(self, now: float) -> None:
+        changed: set[int] = set()
+        while self.waiting and now >= self.t0 + self.waiting[0].at:
+            fault = self.waiting.popleft()
+            record = NetworkFaultRecord(
+                fault.index, fault.toxic["name"], list(fault.slots), rel(self.clock(), self.t0), None
+            )
+            self.on.append((fault, record))
+            self.records.append(record)
+            changed |= set(fault.slots)
+        for fault, record in list(self.on):
+            if fault.duration and now >= self.t0 + fault.at + fault.duration:
+                self.on.remove((fault, record))
+                record.healed_at = rel(self.clock(), self.t0)
+                changed |= set(fault.slots)
+        for slot in sorted(changed):
+            self.proxy.set([slot], [f.toxic for f, _ in self.on if slot in f.slots])

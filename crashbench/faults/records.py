@@ -5,6 +5,7 @@ produces (crashbench.run.runner), stores (crashbench.evidence.timeline, crashben
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,12 +15,14 @@ class Fault:
 
     index: int
     at: float  # its start, seconds after the workers start
-    slot: int  # the worker slot it hits; -1: the server
-    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover"
+    slot: int  # the worker slot it hits; -1: the server, or every slot in `slots` (a network fault)
+    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network"
     signal: str = "SIGKILL"  # a signal fault's signal
     kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
     target: str = "tree"  # for a worker that is a process tree: tree, parent or child
-    duration: float = 0.0  # a pause's (SIGSTOP) or a broker kill's downtime; 0: it has no end
+    duration: float = 0.0  # a pause's (SIGSTOP), a broker kill's downtime, a network fault's; 0: no end
+    slots: tuple[int, ...] = ()  # a network fault's worker slots (crashbench.faults.proxy)
+    toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
 
     @property
     def end(self) -> float | None:
@@ -73,3 +76,21 @@ class WorkerExit:
     worker: str
     how: str
     log_tail: str
+
+
+@dataclass(slots=True)
+class NetworkFaultRecord:
+    """A network fault as executed, and what the queue did after it healed. Times are seconds since
+    the run's workers were started."""
+
+    index: int
+    toxic: str
+    slots: list[int]
+    at: float  # the proxy was told
+    healed_at: float | None  # the proxy was told to heal (None: the run ended first)
+    # What the queue did (crashbench.evidence.tally, from the ledgers and the harness's readings):
+    resume_ms: float | None = None  # healed -> the first handler start in one of its slots (None: never)
+    progress_ms: float | None = None  # healed -> the first completion anywhere (None: none after it)
+    drained_ms: float | None = None  # healed -> the drain's end, when the run drained
+    stuck: list[int] = field(default_factory=list)  # its slots that never started a handler again while jobs waited
+    per_s: list[float] = field(default_factory=list)  # completions per second before, during, after it

@@ -61,7 +61,8 @@ footer{margin-top:28px;color:var(--muted);font-size:12px}
 .fault.kill line,.fault.kill path{stroke:#b00020}.fault.term line,.fault.term path{stroke:#e66100}
 .fault.pause line,.fault.pause path{stroke:#6a3d9a}.pause-span{fill:#6a3d9a;fill-opacity:.16}
 .band rect{fill:#f4a6a6;fill-opacity:.35;stroke:#d04040;stroke-dasharray:4 3}.band text{fill:#a01010;font-size:11px}
-.band.failover rect{fill:#f6d88a}
+.band.failover rect{fill:#f6d88a}.band.network rect{fill:#9ecae1;fill-opacity:.45;stroke:#3182bd}
+.band-label{fill:#1f5f8b;font-size:11px}
 .event line{stroke:#6b7280;stroke-dasharray:3 3}.event text{fill:#4b5563;font-size:10.5px}
 .recovery path{stroke:#1a9850;stroke-width:1.6;fill:none}
 .recovery text{fill:#116b37;font-size:10.5px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px}

@@ -263,6 +263,18 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
             f'<rect x="{num(x0)}" y="{num(y0)}" width="{num(max(x1 - x0, 2))}" height="{num(y1 - y0)}"/>'
             f'<text x="{num(x0 + 3)}" y="{num(y0 - 3)}">{esc(what)}</text></g>'
         )
+    for nf in tl.network:  # a band over the lanes it hit only
+        end = nf.healed_at if nf.healed_at is not None else scale.t1
+        x0, x1 = scale.x(nf.at), scale.x(end)
+        for slot in nf.slots:
+            if 0 <= slot < g.slots:
+                out.append(
+                    f'<g class="band network {esc(nf.toxic)}"><title>network {esc(nf.toxic)} on slot {slot}, '
+                    f"{nf.at:.3f} s to {end:.3f} s</title>"
+                    f'<rect x="{num(x0)}" y="{num(g.y(slot))}" width="{num(max(x1 - x0, 2))}" '
+                    f'height="{num(g.lane_h)}"/></g>'
+                )
+        out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}</text>')
     for m in tl.marks:
         if m.what in ("replica_cut", "failover", "drain"):
             x = num(scale.x(m.t))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from crashbench.bench.results import BenchResult
 from crashbench.evidence.counts import Problem
+from crashbench.faults.records import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.report.results import label as label_of
 from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail
@@ -27,6 +28,20 @@ def _recovery(ms: float) -> str:
 
 def _failed_metrics(result: Result, name: str) -> set[str]:
     return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
+
+
+def network_line(nf: NetworkFaultRecord) -> str:
+    """One network fault and how the queue came back from it."""
+    slots = ", ".join(map(str, nf.slots))
+    healed = f"to {nf.healed_at:.2f} s" if nf.healed_at is not None else "to the end"
+    text = f"network {nf.toxic} on slot(s) {slots} from {nf.at:.2f} s {healed}"
+    if nf.healed_at is None:
+        return text
+    resumed = f"resumed {nf.resume_ms / 1000:.2f} s after" if nf.resume_ms is not None else "never resumed"
+    drained = f", drained {nf.drained_ms / 1000:.2f} s after" if nf.drained_ms is not None else ""
+    stuck = f"; STUCK: slot(s) {', '.join(map(str, nf.stuck))}" if nf.stuck else ""
+    rates = " / ".join(f"{r:g}" for r in nf.per_s)
+    return f"{text}: {resumed}{drained}; completions/s before / during / after {rates}{stuck}"
 
 
 def threshold_line(t: ThresholdResult) -> Text:
@@ -94,6 +109,8 @@ def result_table(result: Result, plain: bool = False) -> Group:
                     style="yellow",
                 )
             )
+        for nf in run.network_faults:
+            parts.append(Text(f"{name}: {network_line(nf)}", style="red" if nf.stuck else "yellow"))
         if run.configuration:
             shown = ", ".join(f"{k} {number(v) if isinstance(v, float) else v}" for k, v in run.configuration.items())
             parts.append(Text(f"{name}: library settings: {shown}", style="dim"))

@@ -27,6 +27,7 @@ from crashbench.evidence.timeline import Timeline
 from crashbench.faults.records import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.faults.records import Fault as Fault
 from crashbench.faults.records import KillRecord as KillRecord
+from crashbench.faults.records import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.faults.records import WorkerExit as WorkerExit
 from crashbench.run.server import ServerInfo
 
@@ -87,6 +88,7 @@ class DesignRun:
     schedule: list[Fault] = field(default_factory=list)  # the fault schedule the seed gave
     broker_fault: BrokerFaultRecord | None = None
     worker_exits: list[WorkerExit] = field(default_factory=list)
+    network_faults: list[NetworkFaultRecord] = field(default_factory=list)  # each, and how the queue came back
     duplicates: dict[str, int] = field(default_factory=dict)  # job -> completions, jobs run twice or more (first 100)
     # outcome class (lost, stranded, undrained, ...) or library_disagrees -> its ids (the first 100)
     jobs: dict[str, list[str]] = field(default_factory=dict)

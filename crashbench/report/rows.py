@@ -31,17 +31,18 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("acks lost", "acks_lost"),
     ("undrained", "undrained"),
     ("worker crashes", "worker_crashes"),
+    ("stuck workers", "stuck_workers"),
     ("library disagrees", "library_disagrees"),
 )
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
-    "undrained", "worker_crashes", "library_disagrees",
+    "undrained", "worker_crashes", "library_disagrees", "stuck_workers",
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers",
 }  # fmt: skip
 
 

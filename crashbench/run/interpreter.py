@@ -39,11 +39,12 @@ class WorkerPython:
         self.redis_url: str | None = None
         (path_dir / "crashbench").symlink_to(Path(__file__).resolve().parent, target_is_directory=True)
 
-    def env(self) -> dict[str, str]:
+    def env(self, redis_url: str | None = None) -> dict[str, str]:
+        """`redis_url`: this worker's own (through the network fault proxy), else the run's."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.path_dir), env.get("PYTHONPATH", "")) if p)
-        if self.redis_url:
-            env[URL_ENV] = self.redis_url
+        if redis_url or self.redis_url:
+            env[URL_ENV] = redis_url or self.redis_url  # type: ignore[assignment]
         return env
 
     def argv(self, *args: str) -> list[str]:

@@ -11,6 +11,7 @@ whatever happened.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -27,7 +28,8 @@ from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer
-from crashbench.faults.injector import BrokerFaults, WorkerFaults
+from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
+from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import lease, workdirs
 from crashbench.run.drain import drain
@@ -112,18 +114,23 @@ class CrashRun:
         wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
         self.planned = plan(scenario)
         self.broker_faults: BrokerFaults | None = None
+        self.network_faults: NetworkFaults | None = None
+        self.proxy: ProxyProcess | None = None  # started before the workers when the run has network faults
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
         spec_file.write_text(wspec.to_json(design_spec))
 
-        def prepare(name: str) -> Callable[[], int]:
+        def prepare(name: str, slot: int) -> Callable[[], int]:
             path = self.ledger.path_for(name)
+            # Through the network fault proxy when the run has network faults: one port per slot.
+            url = self.proxy.url(redis_url, slot) if self.proxy is not None else None
             if (wp := self.worker_python) is not None:
                 argv = wp.argv(str(spec_file), name, str(path), str(parent))
-                env = wp.env()
+                env = wp.env(url)
                 return lambda: os.execve(wp.python, argv, env)
-            return lambda: run_worker(wspec, name, path, parent)
+            spec = dataclasses.replace(wspec, redis_url=url) if url else wspec
+            return lambda: run_worker(spec, name, path, parent)
 
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
         self.worker_faults = WorkerFaults(
@@ -159,6 +166,8 @@ class CrashRun:
             raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
             self.sup.stop_all(grace=self._grace())
+            if self.proxy is not None:
+                self.proxy.close()
             self.ledger.close()
             self.client.close()
             self.raw.close()
@@ -187,6 +196,9 @@ class CrashRun:
                 chunk = ids[start : start + 1000]
                 self.enqueues.append((self.clock(), chunk))
                 self.design.enqueue(_jobs(chunk))
+        if any(f.kind == "network" for f in self.planned):
+            self.proxy = proxy_for(self.url, self.sc.workers, self.dir / "logs" / "proxy.log")
+            self.network_faults = NetworkFaults(self.planned, self.proxy, self.clock)
         self.t0 = self.clock()
         self.started = time.time()
         for slot in range(self.sc.workers):
@@ -289,8 +301,10 @@ class CrashRun:
     def _fire_faults(self, ids: list[str]) -> None:
         """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
         broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
-        workers, broker = self.worker_faults, None
+        workers, broker, network = self.worker_faults, None, self.network_faults
         workers.t0 = self.t0
+        if network is not None:
+            network.t0 = self.t0
         if self.broker is not None:
             producer = Producer(_jobs(ids), self.sc.produce_s, self.t0)
             broker = self.broker_faults = BrokerFaults(
@@ -298,8 +312,10 @@ class CrashRun:
                 self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
             )  # fmt: skip
             broker.t0 = self.t0
-        while not workers.done or (broker is not None and not broker.done):
+        while not workers.done or (broker is not None and not broker.done) or (network and not network.done):
             self._tick()
+            if network is not None:
+                network.step(self.clock())
             if broker is not None:
                 broker.producer.produce(self.design, self.clock())
                 broker.step(self.clock())
@@ -353,6 +369,7 @@ class CrashRun:
                 for ex in self.ledger.executions
             ],
             ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
+            network=self.network_faults.records if self.network_faults else [],
             marks=sorted(
                 [Mark(rel(t, t0), what, n) for t, what, n in self.marks]
                 + [Mark(rel(t, t0), f"resume {worker}") for t, worker in self.worker_faults.healed],

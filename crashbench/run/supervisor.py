@@ -68,13 +68,13 @@ class WorkerProcess:
 class Supervisor:
     """Owns every worker process of one run.
 
-    `prepare(name)` runs in the parent before each fork (register the worker's ledger file, ...) and
+    `prepare(name, slot)` runs in the parent before each fork (register the worker's ledger file, ...) and
     returns the worker body, which runs in the child and returns its exit code.
     """
 
     def __init__(
         self,
-        prepare: Callable[[str], Callable[[], int]],
+        prepare: Callable[[str, int], Callable[[], int]],
         log_dir: Path,
         clock: Callable[[], float],
         tree: bool = False,
@@ -91,7 +91,7 @@ class Supervisor:
     def spawn(self, slot: int) -> WorkerProcess:
         name = f"w{len(self.workers)}"
         log = self.log_dir / f"{name}.log"
-        body = self.prepare(name)
+        body = self.prepare(name, slot)
         become_subreaper()
         sys.stdout.flush()
         sys.stderr.flush()

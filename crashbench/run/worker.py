@@ -169,7 +169,17 @@ class Connector:
 
     def design(self) -> Design:
         url = Path(self.spec.url_file).read_text().strip() if self.spec.url_file else self.spec.redis_url
-        return self.spec.design(redis.Redis.from_url(url, decode_responses=True), self.spec.prefix, self.spec.settings)
+        # A socket timeout longer than the blocking pop (fetch_timeout) turns a connection that went
+        # silent (half-open) into a TimeoutError, so a reconnect, instead of a pop that waits for ever.
+        # 0 asks for none at all, as redis-py before 6 shipped (redis-py 8's own default is 5 s).
+        st = self.spec.settings.socket_timeout
+        timeouts: dict[str, float | None] = (
+            {"socket_timeout": st, "socket_connect_timeout": st, "health_check_interval": st}
+            if st
+            else {"socket_timeout": None, "socket_connect_timeout": None}
+        )
+        client = redis.Redis.from_url(url, decode_responses=True, **timeouts)
+        return self.spec.design(client, self.spec.prefix, self.spec.settings)
 
     def again(self) -> Design:
         deadline, pause = time.monotonic() + RECONNECT_S, 0.01

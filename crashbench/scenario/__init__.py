@@ -33,6 +33,7 @@ from crashbench.scenario.files import available as available
 from crashbench.scenario.files import find as find
 from crashbench.scenario.files import read_document
 from crashbench.scenario.files import scenario_dirs as scenario_dirs
+from crashbench.scenario.settings import BLOCKING_POP_S as BLOCKING_POP_S
 from crashbench.scenario.settings import BROKER_FAULTS as BROKER_FAULTS
 from crashbench.scenario.settings import CHOICES as CHOICES
 from crashbench.scenario.settings import COUNT as COUNT
@@ -86,6 +87,7 @@ class Scenario:
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     batch_size: int = 10  # jobs per round trip, for the batching designs
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
+    socket_timeout: float = 5.0  # crashbench's own workers' socket / connect / health-check timeout; 0: none
     # broker: faults of the server itself (crashbench.faults.broker); only on a server crashbench started
     fault: str = "none"
     fault_at: float = 1.0  # seconds after the workers start
@@ -118,6 +120,7 @@ class Scenario:
             longest_job=self.longest_job_s,
             wait_replicas=self.wait_replicas,
             wait_ms=self.wait_ms,
+            socket_timeout=self.socket_timeout,
         )
 
     def workload(self) -> Workload:
@@ -187,6 +190,10 @@ class Scenario:
                 for n, e in enumerate(self.schedule, 1)
                 for q in faults.entry_problems(e, n, self.workers, FAULT_SIGNALS)
             ]
+        if NUMBERS["socket_timeout"].accepts(self.socket_timeout) and 0 < self.socket_timeout <= BLOCKING_POP_S:
+            p.append(
+                f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)"
+            )
         lag, at = self.replica_lag, self.fault_at
         if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
             if lag and self.fault != "failover":

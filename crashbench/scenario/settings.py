@@ -25,7 +25,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "transient_failures"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
-              "heartbeat_every", "batch_size", "concurrency"),
+              "heartbeat_every", "batch_size", "concurrency", "socket_timeout"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
@@ -33,6 +33,7 @@ BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, prom
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 
 SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
+BLOCKING_POP_S = 0.1  # a built-in worker's blocking pop (crashbench.run.worker.WorkerSpec.fetch_timeout)
 MAX_INT = 2**63 - 1  # TOML's own integer range, and Redis's
 
 
@@ -77,7 +78,7 @@ NUMBERS: dict[str, Bound] = {
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
     "batch_size": POSITIVE_INT, "concurrency": COUNT,
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
-    "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE,
+    "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {

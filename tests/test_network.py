@@ -1,0 +1,89 @@
+"""Network faults: the fault proxy's toxics on a real server, and a real run whose workers meet a
+half-open connection, with and without socket timeouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.run.session import Options, run_sweep
+from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
+
+
+@pytest.fixture
+def proxy(valkey_url: str, tmp_path: Path) -> ProxyProcess:
+    px = proxy_for(valkey_url, 2, tmp_path / "proxy.log")
+    yield px
+    px.close()
+
+
+def client(px: ProxyProcess, url: str, slot: int = 0) -> redis.Redis:
+    return redis.Redis.from_url(px.url(url, slot), socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def test_the_proxy_forwards_and_each_toxic_does_what_toxiproxy_s_does(proxy: ProxyProcess, valkey_url: str) -> None:
+    assert client(proxy, valkey_url).ping() and client(proxy, valkey_url, 1).ping()
+
+    proxy.set([0], [{"name": "latency", "latency": 100}])  # both directions: 2 x 100 ms per round trip
+    started = time.monotonic()
+    assert client(proxy, valkey_url).ping() and time.monotonic() - started >= 0.2
+    assert client(proxy, valkey_url, 1).ping()  # the other slot is untouched
+
+    held = client(proxy, valkey_url)
+    held.ping()
+    proxy.set([0], [{"name": "timeout", "timeout": 0}])  # half-open: nothing goes through, nothing closes
+    with pytest.raises(redis.TimeoutError):
+        held.ping()
+    proxy.set([0], [])
+    assert client(proxy, valkey_url).ping()  # healed
+
+    held = client(proxy, valkey_url)
+    held.ping()
+    proxy.set([0], [{"name": "reset_peer", "timeout": 0}])
+    time.sleep(0.05)
+    with pytest.raises(redis.ConnectionError, match="reset"):
+        held.ping()
+    proxy.set([0], [{"name": "down"}])
+    with pytest.raises(redis.ConnectionError, match="refused"):
+        client(proxy, valkey_url).ping()
+    proxy.set([0], [])
+    assert client(proxy, valkey_url).ping()  # listening again, on the same port
+
+    proxy.set([0], [{"name": "limit_data", "direction": "downstream", "bytes": 1000}])
+    limited = client(proxy, valkey_url)
+    assert limited.ping()  # the connection's handshake and +PONG: well under 1,000 bytes
+    with pytest.raises(redis.ConnectionError):
+        limited.echo("x" * 2000)  # the answer passes the limit: the connection is cut
+
+
+def test_a_toxic_the_proxy_does_not_know_is_refused(proxy: ProxyProcess) -> None:
+    with pytest.raises(Exception, match="refused"):
+        proxy.set([0], [{"name": "gremlins"}])
+
+
+def test_a_half_open_connection_is_a_reconnect_with_timeouts_and_a_stuck_worker_without(
+    valkey_url: str, small: Scenario, tmp_path: Path
+) -> None:
+    """Every worker's connection goes silent for 0.7 s under its blocking pop. With a 1 s socket timeout
+    each reconnects and the queue drains; with none (redis-py before 6 ships it so) each waits for an
+    answer that never comes: stuck, while the harness still reads jobs waiting."""
+    half_open = {"kind": "network", "toxic": "timeout", "at": 0.3, "duration": 0.7}
+    sc = dataclasses.replace(small, jobs=200, job_ms=5, workers=2, kills=0, schedule=(half_open,), drain_timeout=2)
+    result = run_sweep(sc, "reliable", "socket_timeout", "1,0", Options(redis_url=valkey_url))
+    with_timeouts, without = result.runs
+    assert with_timeouts.problems == [] and without.problems == []
+    (nf,) = with_timeouts.network_faults
+    assert nf.slots == [0, 1] and nf.healed_at is not None and nf.resume_ms is not None and nf.stuck == []
+    assert with_timeouts.counts.stuck_workers == 0 and with_timeouts.counts.lost == 0
+    assert with_timeouts.counts.done == 200 and with_timeouts.timings.drained
+    (nf,) = without.network_faults
+    assert nf.stuck == [0, 1] and nf.resume_ms is None
+    assert without.counts.stuck_workers == 2 and not without.timings.drained
+    assert without.counts.stranded + without.counts.undrained > 0 and without.counts.lost == 0
+    assert_recounts(result, tmp_path)  # liveness, from the timeline alone
