@@ -35,6 +35,8 @@ import socket
 import struct
 import subprocess
 import sys
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,6 @@ from crashbench.errors import RunAborted, UsageError
 
 TOXICS = ("latency", "bandwidth", "slicer", "limit_data", "timeout", "reset_peer", "down")
 DIRECTIONS = ("upstream", "downstream", "both")
-CHUNK = 65536
 
 
 @dataclass
@@ -60,21 +61,133 @@ class Slot:
                 return t
         return None
 
+    def any_active(self, direction: str) -> bool:
+        return any(t.get("direction", "both") in (direction, "both") for t in self.toxics)
 
-@dataclass(eq=False)
+
+class Side(asyncio.Protocol):
+    """One socket of a proxied connection: what it receives goes to the other side, in `direction`."""
+
+    def __init__(self, conn: Conn, direction: str) -> None:
+        self.conn, self.direction = conn, direction
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.forward(self.direction, data)
+
+    def eof_received(self) -> bool:
+        self.conn.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.close()
+
+    # A slow reader on the other side holds this side's reading back, as TCP would.
+    def pause_writing(self) -> None:
+        if (t := self.conn.other(self)) is not None:
+            t.pause_reading()
+
+    def resume_writing(self) -> None:
+        if (t := self.conn.other(self)) is not None:
+            t.resume_reading()
+
+
 class Conn:
-    client: asyncio.StreamWriter
-    upstream: asyncio.StreamWriter
-    sent: dict[str, int] = field(default_factory=lambda: {"upstream": 0, "downstream": 0})  # bytes, per direction
+    """A worker's connection through the proxy: its client side and the server side. Without a toxic
+    on a direction, data goes straight through (no task, no copy); with one, through a queue that a
+    task works off applying the toxics, in order."""
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.client = Side(self, "upstream")  # receives from the worker
+        self.server = Side(self, "downstream")  # receives from the server
+        self.queues: dict[str, deque[bytes]] = {"upstream": deque(), "downstream": deque()}
+        self.draining: set[str] = set()
+        self.sent = {"upstream": 0, "downstream": 0}  # bytes, per direction (limit_data)
+        self.closed = False
+        self.tasks: set[asyncio.Task[None]] = set()  # referenced until done
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def other(self, side: Side) -> asyncio.Transport | None:
+        return (self.server if side is self.client else self.client).transport
+
+    def target(self, direction: str) -> asyncio.Transport | None:
+        return (self.server if direction == "upstream" else self.client).transport
+
+    def forward(self, direction: str, data: bytes) -> None:
+        out = self.target(direction)
+        if out is not None and not self.slot.any_active(direction) and direction not in self.draining:
+            self.sent[direction] += len(data)
+            out.write(data)
+            return
+        self.queues[direction].append(data)
+        if direction not in self.draining:
+            self.draining.add(direction)
+            self.spawn(self.drain(direction))
+
+    async def drain(self, direction: str) -> None:
+        slot, queue = self.slot, self.queues[direction]
+        try:
+            while queue and not self.closed:
+                out = self.target(direction)
+                if out is None:  # the server side is still connecting
+                    await asyncio.sleep(0.001)
+                    continue
+                data = queue.popleft()
+                if slot.active("timeout", direction) is not None:
+                    continue  # swallowed: the peer waits for an answer that never comes
+                if (t := slot.active("latency", direction)) is not None:
+                    jitter = t.get("jitter", 0)
+                    await asyncio.sleep(max(0.0, t.get("latency", 0) + random.uniform(-jitter, jitter)) / 1000)
+                if (t := slot.active("bandwidth", direction)) is not None and t.get("rate", 0) > 0:
+                    await asyncio.sleep(len(data) / (t["rate"] * 1024))
+                sent = self.sent[direction]
+                if (t := slot.active("limit_data", direction)) is not None and sent + len(data) > t["bytes"]:
+                    out.write(data[: max(0, t["bytes"] - sent)])
+                    self.reset()
+                    return
+                self.sent[direction] = sent + len(data)
+                if (t := slot.active("slicer", direction)) is not None:
+                    size, variation = max(1, t.get("average_size", 64)), t.get("size_variation", 0)
+                    while data and not self.closed:
+                        n = max(1, size + random.randint(-variation, variation))
+                        out.write(data[:n])
+                        data = data[n:]
+                        await asyncio.sleep(t.get("delay", 0) / 1e6)
+                else:
+                    out.write(data)
+        finally:
+            self.draining.discard(direction)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.slot.conns.discard(self)
+        for side in (self.client, self.server):
+            if side.transport is not None:
+                side.transport.close()
 
     def reset(self) -> None:
         """Close both sides with an RST, as a peer that vanished would."""
-        for w in (self.client, self.upstream):
-            sock = w.get_extra_info("socket")
+        self.closed = True
+        self.slot.conns.discard(self)
+        for side in (self.client, self.server):
+            t = side.transport
+            if t is None:
+                continue
+            sock = t.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            w.transport.abort()
+            t.abort()
 
 
 class Proxy:
@@ -83,69 +196,26 @@ class Proxy:
         self.slots = [Slot() for _ in range(slots)]
 
     async def listen(self, slot: Slot) -> None:
-        slot.server = await asyncio.start_server(
-            lambda r, w: self.accept(slot, r, w), "127.0.0.1", slot.port, reuse_address=True
-        )
+        loop = asyncio.get_running_loop()
+        slot.server = await loop.create_server(lambda: self.accept(slot), "127.0.0.1", slot.port, reuse_address=True)
         slot.port = slot.server.sockets[0].getsockname()[1]
 
-    async def accept(self, slot: Slot, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            writer.transport.abort()
-            return
-        conn = Conn(writer, up_writer)
+    def accept(self, slot: Slot) -> Side:
+        conn = Conn(slot)
         slot.conns.add(conn)
-        reset = slot.active("reset_peer", "both")
-        if reset is not None:
-            asyncio.get_running_loop().call_later(reset.get("timeout", 0) / 1000, conn.reset)
-        try:
-            await asyncio.gather(
-                self.pump(slot, conn, reader, up_writer, "upstream"),
-                self.pump(slot, conn, up_reader, writer, "downstream"),
-            )
-        finally:
-            slot.conns.discard(conn)
-            for w in (writer, up_writer):
-                w.close()
+        loop = asyncio.get_running_loop()
 
-    async def pump(
-        self, slot: Slot, conn: Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
-    ) -> None:
-        try:
-            while data := await reader.read(CHUNK):
-                if slot.active("timeout", direction) is not None:
-                    continue  # swallowed: the peer waits for an answer that never comes
-                if (t := slot.active("latency", direction)) is not None:
-                    jitter = t.get("jitter", 0)
-                    await asyncio.sleep(max(0.0, t.get("latency", 0) + random.uniform(-jitter, jitter)) / 1000)
-                if (t := slot.active("bandwidth", direction)) is not None and t.get("rate", 0) > 0:
-                    await asyncio.sleep(len(data) / (t["rate"] * 1024))
-                sent = conn.sent[direction]
-                if (t := slot.active("limit_data", direction)) is not None and sent + len(data) > t["bytes"]:
-                    writer.write(data[: max(0, t["bytes"] - sent)])
-                    conn.reset()
-                    return
-                conn.sent[direction] = sent + len(data)
-                if (t := slot.active("slicer", direction)) is not None:
-                    await self.sliced(writer, data, t)
-                else:
-                    writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()  # the other side sees the end: the other direction's pump ends in turn
+        async def connect() -> None:
+            try:
+                await loop.create_connection(lambda: conn.server, self.host, self.port)
+            except OSError:
+                conn.reset()
+                return
+            if (reset := slot.active("reset_peer", "both")) is not None:
+                loop.call_later(reset.get("timeout", 0) / 1000, conn.reset)
 
-    @staticmethod
-    async def sliced(writer: asyncio.StreamWriter, data: bytes, t: dict[str, Any]) -> None:
-        size, variation = max(1, t.get("average_size", 64)), t.get("size_variation", 0)
-        while data:
-            n = max(1, size + random.randint(-variation, variation))
-            writer.write(data[:n])
-            data = data[n:]
-            await writer.drain()
-            await asyncio.sleep(t.get("delay", 0) / 1e6)
+        conn.spawn(connect())
+        return conn.client
 
     async def set(self, slots: list[int], toxics: list[dict[str, Any]]) -> None:
         for t in toxics:
