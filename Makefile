@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries report-screenshot clean
+.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries network report-screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,19 @@ libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenari
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
 	    --worker-python $(ARQ_PY); done
 	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
+
+# The README's network table: each network scenario on the built-in designs, and on the library adapters
+# with one handler per worker (so that the work outlasts the fault) and a 30 s window after it (about
+# 15 minutes); the table from the result files in results/readme/network.
+NET_SCENARIOS := net-half-open net-half-open-no-timeouts net-reset-storm net-latency
+NET_LIBRARIES := rq,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable
+network: $(STAMP)  ## the README's network table (network scenarios, built-in designs and libraries)
+	rm -rf results/readme/network
+	for s in $(NET_SCENARIOS); do \
+	  $(BIN)/crashbench compare -s scenarios/$$s.toml --plain --out results/readme/network; \
+	  $(BIN)/crashbench compare -s scenarios/$$s.toml --designs $(NET_LIBRARIES) --concurrency 1 \
+	    --drain-timeout 30 --plain --out results/readme/network; done
+	$(BIN)/python bench/network_table.py results/readme/network
 
 # The README's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.

@@ -1,0 +1,47 @@
+"""The README's network table from the result files `make network` writes: one row per scenario and
+design (the newest result of each): lost, duplicated (of which overlapping), stuck workers, how soon
+the faulted workers started a job again after the fault healed, and how soon the queue drained.
+
+    python bench/network_table.py results/readme/network
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from crashbench.report.results import DesignRun, Result
+
+
+def _after(ms: float | None, none: str) -> str:
+    return none if ms is None else f"{ms / 1000:.2f} s"
+
+
+def row(scenario: str, run: DesignRun) -> str:
+    c, faults = run.counts, run.network_faults
+    resumes = [nf.resume_ms for nf in faults if nf.healed_at is not None]
+    resume = "never" if any(r is None for r in resumes) else _after(max(resumes, default=None), "-")  # type: ignore[arg-type]
+    drained = [nf.drained_ms for nf in faults if nf.healed_at is not None]
+    drain = _after(max((d for d in drained if d is not None), default=None), "not drained")
+    dup = f"{c.duplicated} ({c.duplicated_overlapping})"
+    return f"| {scenario} | {run.design} | {c.lost} | {dup} | {c.stuck_workers} | {resume} | {drain} |"
+
+
+def main(directory: str) -> int:
+    newest: dict[tuple[str, str], tuple[str, DesignRun]] = {}
+    for path in sorted(Path(directory).glob("*.json")):  # ids start with the date: later files win
+        result = Result.from_dict(json.loads(path.read_text()))
+        for run in result.runs:
+            newest[(str(result.scenario["name"]), run.design)] = (str(result.scenario["name"]), run)
+    columns = ("scenario", "design", "lost", "duplicated (overlapping)", "stuck workers", "resumed after the heal",
+               "drained after the heal")  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for scenario, run in newest.values():
+        print(row(scenario, run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
