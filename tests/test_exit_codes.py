@@ -36,6 +36,7 @@ ALLOWED_EXITS = {
     ("run/supervisor.py", "spawn"): "a forked worker child ends with os._exit, never returning into the runner",
     ("run/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
     ("run/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
+    ("faults/proxy.py", "<module>"): "the network fault proxy's own process (python -m): crashbench reads its status",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
 WORKER_MODULES = {"run/worker.py", "run/task.py"}

@@ -78,7 +78,7 @@ class DesignSettings:
     longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
     wait_ms: int = 100
-    # crashbench's own workers: socket, connect and health-check timeout of their connection, seconds;
+    # crashbench's own workers: socket and connect timeout of their connection, seconds;
     # longer than their blocking pop, so a half-open connection becomes a reconnect, not a hang. 0: none.
     socket_timeout: float = 5.0
     # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.

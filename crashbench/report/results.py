@@ -299,6 +299,8 @@ def _build(tp: Any, data: Any) -> Any:
         return _build(inner[0], data) if len(inner) == 1 else data
     if origin is list:
         return [_build(args[0], v) for v in data]
+    if origin is tuple:  # tuple[X, ...]
+        return tuple(_build(args[0], v) for v in data)
     if origin is dict:
         return {k: _build(args[1], v) for k, v in data.items()}
     if tp is float and isinstance(data, int | str):

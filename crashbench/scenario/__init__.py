@@ -87,7 +87,7 @@ class Scenario:
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     batch_size: int = 10  # jobs per round trip, for the batching designs
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
-    socket_timeout: float = 5.0  # crashbench's own workers' socket / connect / health-check timeout; 0: none
+    socket_timeout: float = 5.0  # crashbench's own workers' socket and connect timeout; 0: none
     # broker: faults of the server itself (crashbench.faults.broker); only on a server crashbench started
     fault: str = "none"
     fault_at: float = 1.0  # seconds after the workers start
