@@ -333,3 +333,20 @@ def test_a_run_has_at_most_one_broker_fault() -> None:
     text = '[[faults]]\nkind = "broker-kill"\n[[faults]]\nkind = "failover"\n'
     with pytest.raises(ScenarioError, match="at most one broker fault"):
         scenario.parse(tomllib.loads(text), "two.toml")
+
+
+def test_the_network_option_is_a_faults_entry_from_the_command_line() -> None:
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+    from crashbench.faults import network_option
+
+    entry = network_option("toxic=latency, latency=200,jitter=50.5,at=1,duration=2,direction=upstream")
+    assert entry == {"kind": "network", "toxic": "latency", "latency": 200, "jitter": 50.5, "at": 1,
+                     "duration": 2, "direction": "upstream"}  # fmt: skip
+    for bad, says in (("at=1", "name the toxic"), ("toxic=timeout,at", "'at' is not KEY=VALUE")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            network_option(bad)
+    # Refused before anything starts: exit 2, the scenario's own check of the entry.
+    out = CliRunner().invoke(cli, ["run", "--network", "toxic=latency,slot=9", "--plain"])
+    assert out.exit_code == 2 and "slot must be a worker slot, 0 to 3, not 9" in out.output

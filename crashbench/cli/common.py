@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from crashbench import __version__
+from crashbench import __version__, faults
 from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
@@ -175,6 +175,7 @@ WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
 SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
+    click.option("--network", multiple=True, metavar="KEY=V,...", help="Add a network fault, with a [[faults]] network entry's keys: toxic=timeout,at=1,duration=2 (slot=N or workers=K; the toxic's attributes, e.g. latency=200,jitter=50). Repeatable."),
     *WHERE_OPTIONS,
     click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
     click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s. Repeatable."),
@@ -213,7 +214,16 @@ def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
 
 def build_scenario(opts: dict[str, Any]) -> Scenario:
     base = scenarios.load(opts["scenario_name"])
-    return base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
+    sc = base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
+    entries = []
+    for text in opts.get("network", ()):
+        try:
+            entries.append(faults.network_option(text))
+        except ValueError as exc:
+            raise UsageError(
+                f"--network {text!r}: {exc}", hint="e.g. --network toxic=timeout,at=1,duration=2"
+            ) from None
+    return sc.with_overrides(schedule=(*sc.schedule, *entries)) if entries else sc
 
 
 def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, ...]:

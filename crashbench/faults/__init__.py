@@ -94,6 +94,27 @@ def _network(entry: dict[str, Any], index: int, workers: int, rng: random.Random
     return Fault(index, round(at, 6), -1, "network", duration=duration, slots=slots, toxic=toxic)
 
 
+def network_option(text: str) -> dict[str, Any]:
+    """`--network toxic=timeout,at=1,duration=2,slot=0`: a network [[faults]] entry from the command
+    line, with the same keys (checked with the rest of the scenario). Raises ValueError."""
+    entry: dict[str, Any] = {"kind": "network"}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip() or not raw.strip():
+            raise ValueError(f"{part!r} is not KEY=VALUE")
+        value: Any = raw.strip()
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                continue
+        entry[key.strip()] = value
+    if "toxic" not in entry:
+        raise ValueError("name the toxic: toxic=timeout (or latency, bandwidth, slicer, limit_data, reset_peer, down)")
+    return entry
+
+
 def worker_faults(scenario: Scenario) -> list[Fault]:
     return [f for f in plan(scenario) if f.on_worker]
 
