@@ -25,7 +25,9 @@ def row(scenario: str, run: DesignRun) -> str:
     drained = [nf.drained_ms for nf in faults if nf.healed_at is not None]
     drain = _after(max((d for d in drained if d is not None), default=None), "not drained")
     dup = f"{c.duplicated} ({c.duplicated_overlapping})"
-    return f"| {scenario} | {run.design} | {c.lost} | {dup} | {c.stuck_workers} | {resume} | {drain} |"
+    # A run whose evidence checks failed is broken: its figures are shown, marked, never trusted.
+    design = run.design + (f" (broken: {', '.join(sorted({p.check for p in run.problems}))})" if run.problems else "")
+    return f"| {scenario} | {design} | {c.lost} | {dup} | {c.stuck_workers} | {resume} | {drain} |"
 
 
 def main(directory: str) -> int:
