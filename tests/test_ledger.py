@@ -261,3 +261,19 @@ def test_an_ack_names_an_execution_its_context_completed_and_an_orphan_one_is_re
 
     assert [(ex.job, ex.acked) for ex in ledger.executions] == [("a", 2.0), ("b", 2.0), ("c", None)]
     assert [(p.kind, p.job) for p in ledger.problems] == [("orphan_ack", j) for j in ("z", "b", "b", "c")]
+
+
+def test_an_empty_ack_is_an_n_record_and_a_batch_s_answers_go_with_their_jobs(tmp_path: Path) -> None:
+    ledger = ledger_with(tmp_path, "w0")
+    writer = LedgerWriter(ledger.path_for("w0"))
+    writer.start("a", 1.0, xid=9)
+    writer.end_and_start("a", 1.5, "b", xid=9)
+    writer.end_and_start("b", 1.8, "c", xid=9)
+    writer.end("c", 1.9, xid=9)
+    writer.acked(["a", "b", "c"], 2.0, [True, False, None], xid=9)  # held, nothing left, cannot tell
+    ledger.finish()
+
+    assert [(ex.job, ex.acked, ex.empty_ack) for ex in ledger.executions] == [
+        ("a", 2.0, False), ("b", 2.0, True), ("c", 2.0, False),
+    ]  # fmt: skip
+    assert ledger.problems == []

@@ -174,8 +174,11 @@ class Design(ABC):
         """Hand one job to `worker`, waiting at most `timeout` seconds; None when there is none."""
 
     @abstractmethod
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        """The handler of `job` finished: the queue may forget it."""
+    def ack(self, worker: str, job: Job, now: float) -> bool | None:
+        """The handler of `job` finished: the queue may forget it. Returns whether the queue still held
+        this delivery and forgot it (False: nothing left to acknowledge, recovery or another worker had
+        it), or None where the design cannot tell; the ledger records an empty ack (crashbench's own
+        worker), never the counts' evidence of anything but itself."""
 
     def fetch_batch(self, worker: str, timeout: float, now: float) -> list[Job]:
         """Hand `worker` the jobs of one round trip (a batching design: up to settings.batch_size); the
@@ -183,10 +186,10 @@ class Design(ABC):
         job = self.fetch(worker, timeout, now)
         return [] if job is None else [job]
 
-    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> None:
-        """Acknowledge the finished jobs of one batch; by default one `ack` each."""
-        for job in jobs:
-            self.ack(worker, job, now)
+    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> list[bool | None]:
+        """Acknowledge the finished jobs of one batch; by default one `ack` each. One answer per job, as
+        `ack`'s."""
+        return [self.ack(worker, job, now) for job in jobs]
 
     def fail(self, worker: str, job: Job, now: float) -> None:
         """The handler of `job` raised. Retry it later or dead-letter it; by default it is forgotten."""
@@ -303,7 +306,7 @@ class LibraryDesign(Design):
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         raise NotImplementedError(f"{self.name}: the library's worker fetches its own jobs")
 
-    def ack(self, worker: str, job: Job, now: float) -> None:
+    def ack(self, worker: str, job: Job, now: float) -> bool | None:
         raise NotImplementedError(f"{self.name}: the library's worker acknowledges its own jobs")
 
     @abstractmethod

@@ -33,8 +33,8 @@ class NaiveQueue(Design):
         data = json.loads(item[1])
         return Job(data["id"], data["payload"])
 
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        pass  # nothing to acknowledge: the job left Redis when it was popped
+    def ack(self, worker: str, job: Job, now: float) -> bool | None:
+        return None  # nothing to acknowledge: the job left Redis when it was popped
 
     def backlog(self) -> int:
         return int(self.r.llen(self.key("pending")))

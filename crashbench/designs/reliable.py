@@ -161,8 +161,8 @@ class ReliableQueue(Design):
         data = json.loads(raw)
         return Job(data["id"], data["payload"], receipt=raw, attempt=data["attempts"] + 1)
 
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        self.r.lrem(self.key("processing", worker), 1, job.receipt)
+    def ack(self, worker: str, job: Job, now: float) -> bool | None:
+        return bool(self.r.lrem(self.key("processing", worker), 1, job.receipt))
 
     def fail(self, worker: str, job: Job, now: float) -> None:
         due = now + self.settings.retry_delay(job.attempt, random.random())

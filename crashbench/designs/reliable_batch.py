@@ -51,10 +51,11 @@ return out
 # KEYS: processing; ARGV: the receipts of the finished jobs. One call however many: the client packs
 # one command instead of one LREM per job, which is what limits a Python worker at batch rates.
 ACK_BATCH = """
+local removed = {}
 for i = 1, #ARGV do
-  redis.call('LREM', KEYS[1], 1, ARGV[i])
+  removed[i] = redis.call('LREM', KEYS[1], 1, ARGV[i])
 end
-return #ARGV
+return removed
 """
 
 
@@ -82,7 +83,8 @@ class ReliableBatchQueue(ReliableQueue):
         job = self.fetch(worker, timeout, now)
         return [] if job is None else [job]
 
-    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> None:
+    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> list[bool | None]:
         # LREM by value rather than one DEL of the list: ack_batch promises to forget exactly `jobs`,
         # and a caller that acks part of a batch must not drop the rest of it with them.
-        self._ack_batch(keys=[self.key("processing", worker)], args=[job.receipt for job in jobs])
+        removed = self._ack_batch(keys=[self.key("processing", worker)], args=[job.receipt for job in jobs])
+        return [bool(n) for n in removed]

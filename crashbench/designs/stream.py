@@ -153,8 +153,10 @@ class StreamQueue(Design):
         attempt = int(fields.get("attempts", 0)) + 1
         return Job(fields["id"], fields.get("payload", ""), receipt=eid, attempt=attempt)
 
-    def ack(self, worker: str, job: Job, now: float) -> None:
-        self.r.xack(self.key("stream"), GROUP, job.receipt)
+    def ack(self, worker: str, job: Job, now: float) -> bool | None:
+        # XACK does not check the owner: a late ack by a worker whose entry was claimed acknowledges the
+        # new owner's delivery (1), and the new owner's own ack then finds nothing (0).
+        return bool(self.r.xack(self.key("stream"), GROUP, job.receipt))
 
     def fail(self, worker: str, job: Job, now: float) -> None:
         due = now + self.settings.retry_delay(job.attempt, random.random())

@@ -76,10 +76,13 @@ class StreamBatchQueue(StreamQueue):
         self._batch = [job.receipt for job in jobs]
         return jobs
 
-    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> None:
-        if jobs:
-            self.r.xack(self.key("stream"), GROUP, *(job.receipt for job in jobs))
+    def ack_batch(self, worker: str, jobs: Sequence[Job], now: float) -> list[bool | None]:
+        acked = self.r.xack(self.key("stream"), GROUP, *(job.receipt for job in jobs)) if jobs else 0
         self._batch = []
+        # One XACK answers for the batch: which entry it found nothing for is known only at 0 or all.
+        if acked in (0, len(jobs)):
+            return [bool(acked)] * len(jobs)
+        return [None] * len(jobs)
 
     def heartbeat(self, worker: str, job: Job, now: float) -> None:
         # The jobs still waiting in this batch (and the finished, unacked ones) age as much as the

@@ -41,6 +41,7 @@ class Counts:
     dead_lettered_poison: int = 0  # dead-lettered jobs the design dead-lettered for failing, not for crashing
     requeued: int = 0  # jobs recovery gave back at least once
     requeue_events: int = 0  # times recovery gave a job back
+    empty_acks: int = 0  # acks that found nothing left to acknowledge (recovery, or a late ack, got there first)
     unexpected: int = 0  # ids executed that were never enqueued
     executions: int = 0  # handler starts, in all
     interrupted: int = 0  # handler starts that never finished (the worker died inside)

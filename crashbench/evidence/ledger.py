@@ -10,6 +10,8 @@ Records, one per line, fields separated by one space, times on the harness clock
     F <job> <t> <pid> <xid>   the handler of <job> raised (the job failed), written before the design's fail
     A <job> <t> <pid> <xid>   the design acknowledged <job> after that context's last end (crashbench's
                               own worker writes it once the ack returned; a library's cannot tell)
+    N <job> <t> <pid> <xid>   ... the ack returned, and the queue had nothing left to acknowledge (an
+                              empty ack: recovery, or another worker's late ack, got there first)
 
 <pid> is the writing process and <xid> its writing thread (threading.get_ident()): together they
 name one execution context. One worker file can hold several handlers at once (library workers with
@@ -88,13 +90,21 @@ class LedgerWriter:
         ctx = b"%d %d" % (_pid, get_ident() if xid is None else xid)
         os.write(self.fd, b"E %s %.6f %s\nS %s %.6f %s\n" % (job_id.encode(), now, ctx, next_job.encode(), now, ctx))
 
-    def acked(self, job_ids: list[str], now: float, xid: int | None = None) -> None:
-        """The acks of a fetch's finished jobs (one, or a batch acked at once), in one write."""
+    def acked(
+        self, job_ids: list[str], now: float, held: list[bool | None] | None = None, xid: int | None = None
+    ) -> None:
+        """The acks of a fetch's finished jobs (one, or a batch acked at once), in one write. `held`:
+        per job, the design's answer (False: an empty ack, N; True or None: A)."""
         for job in job_ids:
             if not job or " " in job or not job.isprintable():
                 raise _refuse(job)
         ctx = b"%d %d" % (_pid, get_ident() if xid is None else xid)
-        os.write(self.fd, b"".join(b"A %s %.6f %s\n" % (job.encode(), now, ctx) for job in job_ids))
+        kinds = [b"N" if h is False else b"A" for h in held] if held and len(held) == len(job_ids) else None
+        os.write(
+            self.fd,
+            b"".join(b"%s %s %.6f %s\n" % (kinds[i] if kinds else b"A", job.encode(), now, ctx)
+                     for i, job in enumerate(job_ids)),
+        )  # fmt: skip
 
     def fail(self, job_id: str, now: float, xid: int | None = None) -> None:
         if not job_id or " " in job_id or not job_id.isprintable():
@@ -115,6 +125,7 @@ class Execution:
     pid: int = 0  # the process that ran the handler
     xid: int = 0  # the thread of that process that ran it
     acked: float | None = None  # when the design's ack of it returned (crashbench's own worker only)
+    empty_ack: bool = False  # ... and the queue had nothing left to acknowledge
 
     @property
     def completed(self) -> bool:
@@ -220,13 +231,14 @@ class Ledger:
                             del waiting[next(iter(waiting))]
                     else:
                         ex.failed = True
-                elif kind == "A":
+                elif kind == "A" or kind == "N":
                     acked = float(t)
                     ex = unacked.get(key, {}).pop(job, None)
                     if ex is None:
                         self._problem("orphan_ack", worker, job, f"{line!r}: no completed execution of it to ack there")
                         continue
                     ex.acked = acked
+                    ex.empty_ack = kind == "N"
                 else:
                     raise ValueError("unknown kind")
             except ValueError:

@@ -100,6 +100,7 @@ def design_run(tl: Timeline) -> DesignRun:
     )
     completed = tl.completed
     c.worker_crashes = len(tl.exits)
+    c.empty_acks = sum(1 for ex in tl.executions if ex.empty_ack)
     c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if not completed[j])
     if produced:
         c.acked_during_lag = sum(1 for j in tl.acked_during_lag if not completed[j])

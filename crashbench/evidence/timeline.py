@@ -11,7 +11,7 @@ result follow each other, each opened by its `run` line:
     spawn      a worker process started: t, worker, slot, pid         ready   its READY: t, worker
     x          one handler execution from the ledgers: j(ob), w(orker), s(tart), d (end; null: the
                worker died inside), f (1: it raised), p(id), x (thread), a (its ack returned; null:
-               not acked, or a library's worker, which cannot tell)
+               not acked, or a library's worker, which cannot tell), n (1: the ack found nothing)
     ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
     net        a network fault as executed: index, toxic, slots, at, healed_at
@@ -224,7 +224,7 @@ def _x_line(ex: Execution) -> str:
     acked = "null" if ex.acked is None else repr(ex.acked)
     return (
         f'{{"e":"x","j":{_string(ex.job)},"w":{_string(ex.worker)},"s":{ex.start!r},"d":{end},'
-        f'"f":{int(ex.failed)},"p":{ex.pid},"x":{ex.xid},"a":{acked}}}'
+        f'"f":{int(ex.failed)},"p":{ex.pid},"x":{ex.xid},"a":{acked},"n":{int(ex.empty_ack)}}}'
     )
 
 
@@ -279,7 +279,9 @@ def _parse(f: IO[str]) -> list[Timeline]:
 
 def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     if e == "x":
-        tl.executions.append(Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"], d["a"]))
+        tl.executions.append(
+            Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"], d["a"], bool(d["n"]))
+        )
     elif e == "enqueue":
         tl.enqueues.append(Enqueue(d["t"], d["ids"], d["ok"], d["lag"]))
     elif e == "spawn":

@@ -20,6 +20,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  sequential", "duplicated_sequential"),
     ("extra executions", "extra_executions"),
     ("requeued", "requeued"),
+    ("  empty acks", "empty_acks"),
     ("failed attempts", "failed_attempts"),
     ("retried", "retried"),
     ("  before their backoff", "early_retries"),
@@ -42,7 +43,7 @@ ALARM = {
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
-    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers",
+    "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
 }  # fmt: skip
 
 

@@ -365,7 +365,7 @@ class CrashRun:
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
             executions=[
                 Execution(ex.job, ex.worker, rel(ex.start, t0), None if ex.end is None else rel(ex.end, t0),
-                          ex.failed, ex.pid, ex.xid, None if ex.acked is None else rel(ex.acked, t0))
+                          ex.failed, ex.pid, ex.xid, None if ex.acked is None else rel(ex.acked, t0), ex.empty_ack)
                 for ex in self.ledger.executions
             ],
             ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,

@@ -143,8 +143,8 @@ def run_batch(spec: WorkerSpec, design: Design, name: str, ledger: LedgerWriter,
             ledger.fail(job.id, clock())
             design.fail(name, job, clock())
     if finished:
-        design.ack_batch(name, finished, clock())
-        ledger.acked([job.id for job in finished], clock())
+        held = design.ack_batch(name, finished, clock())
+        ledger.acked([job.id for job in finished], clock(), held if isinstance(held, list) else None)
 
 
 class StopRequest:
