@@ -16,11 +16,9 @@ from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
 from crashbench.evidence.ledger import Execution
 from crashbench.evidence.timeline import Timeline
-from crashbench.faults.records import NetworkFaultRecord
+from crashbench.faults.records import JOB_SAMPLE, NetworkFaultRecord
 from crashbench.report.results import DesignRun, KillRecord, Timings
 from crashbench.scenario import Scenario
-
-JOB_SAMPLE = 100  # ids listed per outcome class in a result; the counts are always complete
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:

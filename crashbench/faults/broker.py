@@ -84,24 +84,26 @@ class Broker:
 
 
 class Producer:
-    """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and remembers which enqueues
-    were acknowledged and which were indeterminate."""
+    """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and records each chunk: when,
+    its ids, whether its enqueue was acknowledged (else indeterminate), and whether that was while the
+    replica lagged. The timeline reads the chunks (crashbench.evidence.timeline)."""
 
     def __init__(self, jobs: list[Job], produce_s: float, start: float) -> None:
         self.jobs = jobs
         self.every = produce_s / max(1, -(-len(jobs) // CHUNK))
         self.start = start
         self.next = 0
-        self.acknowledged: set[str] = set()
-        self.indeterminate: set[str] = set()
         self.lagging = False  # set once the replica stopped following the primary (replica_lag)
-        self.acked_during_lag: set[str] = set()  # acknowledged by the primary alone
-        # (harness clock, ids, acknowledged, acknowledged while lagging) per chunk, for the timeline
-        self.chunks: list[tuple[float, list[str], bool, bool]] = []
+        self.chunks: list[tuple[float, list[str], bool, bool]] = []  # (harness clock, ids, acknowledged, lagging)
 
     @property
     def done(self) -> bool:
         return self.next >= len(self.jobs)
+
+    @property
+    def acknowledged(self) -> int:
+        """Enqueues acknowledged so far."""
+        return sum(len(ids) for _, ids, ok, _ in self.chunks if ok)
 
     def produce(self, design: Design, now: float) -> None:
         """Enqueue the next chunk if it is due by `now`: one per call, so that a slow enqueue (a WAIT
@@ -109,17 +111,13 @@ class Producer:
         if not self.done and now >= self.start + (self.next // CHUNK) * self.every:
             chunk = self.jobs[self.next : self.next + CHUNK]
             self.next += CHUNK
-            ids = {job.id for job in chunk}
             try:
                 design.enqueue(chunk)
             except (*DOWN, EnqueueUnconfirmed):
-                self.indeterminate |= ids
-                self.chunks.append((now, [job.id for job in chunk], False, False))
+                ok = False
             else:
-                self.acknowledged |= ids
-                if self.lagging:
-                    self.acked_during_lag |= ids
-                self.chunks.append((now, [job.id for job in chunk], True, self.lagging))
+                ok = True
+            self.chunks.append((now, [job.id for job in chunk], ok, ok and self.lagging))
 
 
 def wait_back(url: str, timeout: float = 30.0) -> None:

@@ -15,12 +15,11 @@ from collections import deque
 from collections.abc import Callable
 
 from crashbench.designs import Located
-from crashbench.evidence import tally
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
 from crashbench.faults.broker import Broker, Producer, wait_back
 from crashbench.faults.proxy import ProxyProcess
-from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
+from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 
 Clock = Callable[[], float]
@@ -178,8 +177,8 @@ class BrokerFaults:
             now = self.clock()
             kind = "failover" if self.fault.kind == "failover" else "kill"
             self.record = BrokerFaultRecord(
-                kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[: tally.JOB_SAMPLE],
-                len(self.producer.acknowledged),
+                kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[:JOB_SAMPLE],
+                self.producer.acknowledged,
             )  # fmt: skip
             if kind == "failover":
                 self.broker.failover()

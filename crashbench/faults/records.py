@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+JOB_SAMPLE = 100  # ids listed per outcome class (or held at a fault) in a result; the counts are always complete
+
 
 @dataclass(frozen=True, slots=True)
 class Fault:
