@@ -61,6 +61,17 @@ class Slot:
                 return t
         return None
 
+    def reset_after(self) -> float | None:
+        """Seconds after which a connection is reset under the toxics on now, or None: at once when
+        down, reset_peer's timeout, a timeout toxic's own when it has one (0 holds it open)."""
+        if self.active("down", "both") is not None:
+            return 0.0
+        if (t := self.active("reset_peer", "both")) is not None:
+            return t.get("timeout", 0) / 1000
+        if (t := self.active("timeout", "both")) is not None and t.get("timeout", 0) > 0:
+            return t["timeout"] / 1000
+        return None
+
     def any_active(self, direction: str) -> bool:
         return any(t.get("direction", "both") in (direction, "both") for t in self.toxics)
 
@@ -211,8 +222,8 @@ class Proxy:
             except OSError:
                 conn.reset()
                 return
-            if (reset := slot.active("reset_peer", "both")) is not None:
-                loop.call_later(reset.get("timeout", 0) / 1000, conn.reset)
+            if (after := slot.reset_after()) is not None:
+                loop.call_later(after, conn.reset)
 
         conn.spawn(connect())
         return conn.client
@@ -229,13 +240,9 @@ class Proxy:
             if down and not was_down and slot.server is not None:
                 slot.server.close()
                 slot.server = None
-            if down or slot.active("reset_peer", "both") is not None:
-                timeout = 0 if down else slot.active("reset_peer", "both").get("timeout", 0)  # type: ignore[union-attr]
+            if (after := slot.reset_after()) is not None:
                 for conn in list(slot.conns):
-                    asyncio.get_running_loop().call_later(timeout / 1000, conn.reset)
-            if (t := slot.active("timeout", "both")) is not None and t.get("timeout", 0) > 0:
-                for conn in list(slot.conns):
-                    asyncio.get_running_loop().call_later(t["timeout"] / 1000, conn.reset)
+                    asyncio.get_running_loop().call_later(after, conn.reset)
             if was_down and not down:
                 await self.listen(slot)  # the same port again
 
