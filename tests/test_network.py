@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench.errors import UsageError
 from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.run.session import Options, run_sweep
 from crashbench.scenario import Scenario
@@ -87,3 +88,8 @@ def test_a_half_open_connection_is_a_reconnect_with_timeouts_and_a_stuck_worker_
     assert without.counts.stuck_workers == 2 and not without.timings.drained
     assert without.counts.stranded + without.counts.undrained > 0 and without.counts.lost == 0
     assert_recounts(result, tmp_path)  # liveness, from the timeline alone
+
+
+def test_network_faults_need_a_tcp_server_url(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="need a TCP server URL"):
+        proxy_for("unix:///tmp/redis.sock", 2, tmp_path / "proxy.log")

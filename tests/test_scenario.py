@@ -350,3 +350,10 @@ def test_the_network_option_is_a_faults_entry_from_the_command_line() -> None:
     # Refused before anything starts: exit 2, the scenario's own check of the entry.
     out = CliRunner().invoke(cli, ["run", "--network", "toxic=latency,slot=9", "--plain"])
     assert out.exit_code == 2 and "slot must be a worker slot, 0 to 3, not 9" in out.output
+
+
+def test_a_socket_timeout_within_the_workers_pop_is_refused() -> None:
+    assert scenario.Scenario(socket_timeout=0).problems() == []  # none: the hang, on purpose
+    assert scenario.Scenario(socket_timeout=0.5).problems() == []
+    problems = scenario.Scenario(socket_timeout=0.05).problems()
+    assert problems == ["queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop (0.1 s)"]

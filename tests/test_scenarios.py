@@ -47,6 +47,7 @@ def test_a_shipped_scenario_meets_its_own_expectations(name: str, tmp_path: Path
             done = [ex for ex in run.timeline.executions if ex.completed]
             assert len(done) >= run.counts.done and all(ex.acked is not None and ex.acked >= ex.end for ex in done)
         _the_saved_result_is_drawn(saved, [r.design for r in result.runs])
+        _a_missing_or_unreadable_timeline_is_a_usage_error(saved, tmp_path)
         _a_changed_timeline_is_not_reproduced(saved)
 
 
@@ -64,6 +65,30 @@ def _the_saved_result_is_drawn(saved: Path, designs: list[str]) -> None:
     text = md.read_text()
     assert "](drawn/report.html)" in text and "![queue depth" in text and "](summary.depth.svg)" in text
     assert (saved.parent / "summary.depth.svg").read_text().startswith("<svg") and html.stat().st_size > 10_000
+
+
+def _a_missing_or_unreadable_timeline_is_a_usage_error(saved: Path, tmp_path: Path) -> None:
+    """recount and report refuse, exit 2, a result that names no timeline, one whose file is not a
+    timeline, and one whose file holds other runs; --html refuses a result without timelines."""
+    timeline = saved.with_name(saved.stem + ".timeline.jsonl.gz")
+    data = json.loads(saved.read_text())
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "none.json").write_text(json.dumps({**data, "timeline": None}))
+    (cases / "bad.json").write_text(json.dumps({**data, "timeline": "bad.jsonl.gz"}))
+    (cases / "bad.jsonl.gz").write_bytes(b"not gzip")
+    with gzip.open(timeline, "rt") as f:
+        lines = f.read().splitlines()
+    second = [i for i, line in enumerate(lines) if line.startswith('{"e":"run"')][1]
+    with gzip.open(cases / "one.jsonl.gz", "wt") as f:
+        f.write("\n".join(lines[:second]) + "\n")  # the first run's timeline only
+    (cases / "one.json").write_text(json.dumps({**data, "timeline": "one.jsonl.gz"}))
+    for name, says in (("none", "names no timeline file"), ("bad", "not a readable crashbench timeline"),
+                       ("one", "holds runs")):  # fmt: skip
+        out = CliRunner().invoke(cli, ["recount", str(cases / f"{name}.json")])
+        assert out.exit_code == ExitCode.USAGE and says in out.output, (name, out.output)
+    out = CliRunner().invoke(cli, ["show", str(cases / "none.json"), "--html", str(cases / "x.html"), "--plain"])
+    assert out.exit_code == ExitCode.USAGE and "no timeline to draw" in out.output, out.output
 
 
 def _a_changed_timeline_is_not_reproduced(saved: Path) -> None:

@@ -243,10 +243,10 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
 
 def load_result(ref: str, store_dir: Path, opts: dict[str, Any]) -> Result:
     """A saved result, with its runs' timelines when an export draws them (--html, --markdown's chart)."""
-    result = store.load(ref, store_dir)
+    path = store.resolve(ref, store_dir)
+    result = store.load(str(path))
     if (opts.get("html_path") or opts.get("markdown")) and result.timeline:
-        result, timelines = recount.load(ref, store_dir)
-        for run, tl in zip(result.runs, timelines, strict=True):
+        for run, tl in zip(result.runs, recount.timelines_of(path, result), strict=True):
             run.timeline = tl
     return result
 

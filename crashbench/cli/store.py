@@ -148,7 +148,8 @@ def report(ref: str, store_dir: Path, out_path: Path | None) -> None:
     """Write the HTML report of a saved result: every run's timeline (a lane per worker slot, every
     execution, the faults, the recoveries, queue depth), its counts and thresholds, in one file."""
     path = store.resolve(ref, store_dir)
-    result, timelines = recounting.load(str(path))
+    result = store.load(str(path))
+    timelines = recounting.timelines_of(path, result)
     target = out_path or path.with_suffix(".html")
     base.export.check_paths([target])
     try:

@@ -43,6 +43,11 @@ def load(ref: str, directory: Path = store.DEFAULT_DIR) -> tuple[Result, list[Ti
     """A saved result and its runs' timelines, in the order of its runs."""
     path = store.resolve(ref, directory)
     result = store.load(str(path))
+    return result, timelines_of(path, result)
+
+
+def timelines_of(path: Path, result: Result) -> list[Timeline]:
+    """The timelines of the result saved at `path`, in the order of its runs."""
     tpath = timeline_path(path, result)
     try:
         timelines = read(tpath)
@@ -50,7 +55,7 @@ def load(ref: str, directory: Path = store.DEFAULT_DIR) -> tuple[Result, list[Ti
         raise UsageError(str(exc)) from None
     if [t.index for t in timelines] != list(range(len(result.runs))):
         raise UsageError(f"{tpath}: holds runs {[t.index for t in timelines]}, the result has {len(result.runs)}")
-    return result, timelines
+    return timelines
 
 
 def _flat(prefix: str, value: Any) -> dict[str, Any]:
