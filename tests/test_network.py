@@ -12,7 +12,7 @@ import redis
 
 from crashbench.errors import UsageError
 from crashbench.faults.proxy import ProxyProcess, proxy_for
-from crashbench.run.session import Options, run_sweep
+from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
@@ -93,3 +93,59 @@ def test_a_half_open_connection_is_a_reconnect_with_timeouts_and_a_stuck_worker_
 def test_network_faults_need_a_tcp_server_url(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="need a TCP server URL"):
         proxy_for("unix:///tmp/redis.sock", 2, tmp_path / "proxy.log")
+
+
+@pytest.mark.parametrize("direction, landed", [("downstream", 10), ("upstream", 0)])
+def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that_arrived_runs(
+    valkey_url: str, small: Scenario, direction: str, landed: int
+) -> None:
+    """The producer's connection goes silent one way for 0.5 s with 0.3 s timeouts: two enqueues meet
+    it, each recorded indeterminate and never retried. Replies lost: the first one's request had reached
+    the server, and its jobs run; the second's never left (the reconnect's handshake got no answer).
+    Requests lost: neither ran. Either way no acknowledged enqueue is missing and nothing runs twice."""
+    cut = {"kind": "network", "target": "producer", "toxic": "timeout", "direction": direction, "at": 0.2,
+           "duration": 0.5}  # fmt: skip
+    sc = dataclasses.replace(
+        small, jobs=200, job_ms=2, workers=2, kills=0, schedule=(cut,), produce_s=0.8, socket_timeout=0.3
+    )
+    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    c, (nf,) = run.counts, run.network_faults
+    assert run.problems == [] and nf.target == "producer" and nf.slots == [] and nf.resume_ms is not None
+    assert (c.indeterminate, c.recovered, c.unconfirmed) == (20, landed, 20 - landed)
+    assert c.lost == c.duplicated == c.stranded == 0 and c.done == 180 + landed
+
+
+def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_acknowledged_since(
+    small: Scenario, tmp_path: Path
+) -> None:
+    """The replica follows its primary through the proxy; its link goes silent 0.3 s before the primary
+    dies and the replica is promoted. Lost: exactly what the primary acknowledged after the link went
+    silent and no worker ran before the failover (the harness's WAIT made the cut exact)."""
+    link = {"kind": "network", "target": "replica", "toxic": "timeout", "at": 0.5}
+    sc = dataclasses.replace(
+        small, jobs=300, job_ms=20, kills=0, fault="failover", fault_at=0.8, produce_s=1.2, schedule=(link,)
+    )
+    result = run_designs(sc, ["reliable"], Options())
+    run = result.runs[0]
+    c, (nf,), bf = run.counts, run.network_faults, run.broker_fault
+    assert run.problems == [] and bf is not None and bf.kind == "failover" and nf.target == "replica"
+    assert c.lost == c.acked_during_lag > 0 and c.indeterminate == 0 and c.stranded == 0
+    assert_recounts(result, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "entry, broker, problem",
+    [
+        ({"target": "replica"}, "none", 'target = "replica" needs a failover run'),
+        ({"target": "producer"}, "kill", 'target = "producer" cannot be combined with a broker fault'),
+        ({}, "failover", 'target = "workers" cannot be combined with a broker fault'),
+        ({"target": "producer", "slot": 0}, "none", 'slot and workers are for target = "workers"'),
+        ({"target": "server"}, "none", "target must be one of workers, producer, replica, not 'server'"),
+    ],
+)
+def test_a_network_fault_the_proxy_cannot_make_is_refused(
+    small: Scenario, entry: dict[str, object], broker: str, problem: str
+) -> None:
+    fault = {"kind": "network", "toxic": "timeout", "at": 0.5, **entry}
+    sc = dataclasses.replace(small, schedule=(fault,), fault=broker)
+    assert any(problem in p for p in sc.problems()), sc.problems()

@@ -52,7 +52,10 @@ def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
         return nf
     healed, slot_of = nf.healed_at, tl.slot_of()
     starts = [(ex.start, slot_of.get(ex.worker)) for ex in tl.executions if ex.start >= healed]
-    mine = sorted(t for t, s in starts if s in nf.slots)
+    if nf.target == "producer":  # resumed: its first acknowledged enqueue after the heal
+        mine = sorted(e.t for e in tl.enqueues if e.ok and e.t >= healed)
+    else:
+        mine = sorted(t for t, s in starts if s in nf.slots)
     nf.resume_ms = round((mine[0] - healed) * 1000, 3) if mine else None
     ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
     nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None

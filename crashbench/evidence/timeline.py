@@ -14,7 +14,7 @@ result follow each other, each opened by its `run` line:
                not acked, or a library's worker, which cannot tell), n (1: the ack found nothing)
     ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
-    net        a network fault as executed: index, toxic, slots, at, healed_at
+    net        a network fault as executed: index, toxic, slots, at, healed_at, target
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
                -1 when it does not tell), the server ("down", "up", "failover", "replica_cut"), the
                drain's start ("drain"), a pause healed ("resume <worker>")
@@ -188,7 +188,7 @@ class Timeline:
             yield {"e": "kill", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
         for nf in self.network:  # as executed: what the counting derives from them is not evidence
             yield {"e": "net", "index": nf.index, "toxic": nf.toxic, "slots": nf.slots, "at": nf.at,
-                   "healed_at": nf.healed_at}  # fmt: skip
+                   "healed_at": nf.healed_at, "target": nf.target}  # fmt: skip
         for m in self.marks:
             yield {"e": "mark", "t": m.t, "what": m.what, "n": m.n}
         if self.broker_fault is not None:
@@ -293,7 +293,9 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "kill":
         tl.kills.append(KillRecord(**d))
     elif e == "net":
-        tl.network.append(NetworkFaultRecord(d["index"], d["toxic"], d["slots"], d["at"], d["healed_at"]))
+        tl.network.append(
+            NetworkFaultRecord(d["index"], d["toxic"], d["slots"], d["at"], d["healed_at"], d.get("target", "workers"))
+        )
     elif e == "mark":
         tl.marks.append(Mark(d["t"], d["what"], d["n"]))
     elif e == "broker_fault":

@@ -28,6 +28,8 @@ A scenario describes its faults two ways, and a run may have both:
       at = 1.0
       duration = 3.0              # then it heals; 0: never
       slot = 0                    # one worker; or workers = k (k seeded slots); neither: every worker
+      target = "workers"          # or "producer" (the harness's enqueues go through the proxy, during the
+                                  # run) or "replica" (a failover run's replica link to its primary)
       timeout = 0                 # the toxic's own attributes, Toxiproxy's names (latency, jitter, ...)
 
 TOML cannot hold both `[faults]` and `[[faults]]` in one file: a file with `[[faults]]` has no
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 
 WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause")
 TOXIC_ATTRIBUTES = ("latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout")
-NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", *TOXIC_ATTRIBUTES)
+NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", "target", *TOXIC_ATTRIBUTES)
+NETWORK_TARGETS = ("workers", "producer", "replica")
 BROKER_KEYS = ("kind", "at", "downtime")
 BROKER_KINDS = {"broker-kill": "kill", "failover": "failover"}  # [[faults]] kind -> [broker] fault
 
@@ -82,7 +85,10 @@ def plan(scenario: Scenario) -> list[Fault]:
 
 
 def _network(entry: dict[str, Any], index: int, workers: int, rng: random.Random) -> Fault:
-    if "slot" in entry:
+    target = entry.get("target", "workers")
+    if target != "workers":
+        slots: tuple[int, ...] = ()
+    elif "slot" in entry:
         slots = (entry["slot"],)
     elif "workers" in entry:
         slots = tuple(sorted(rng.sample(range(workers), min(entry["workers"], workers))))
@@ -91,7 +97,7 @@ def _network(entry: dict[str, Any], index: int, workers: int, rng: random.Random
     toxic = {"name": entry["toxic"], "direction": entry.get("direction", "both")}
     toxic |= {k: entry[k] for k in TOXIC_ATTRIBUTES if k in entry}
     at, duration = float(entry.get("at", 0.5)), float(entry.get("duration", 0.0))
-    return Fault(index, round(at, 6), -1, "network", duration=duration, slots=slots, toxic=toxic)
+    return Fault(index, round(at, 6), -1, "network", target=target, duration=duration, slots=slots, toxic=toxic)
 
 
 def network_option(text: str) -> dict[str, Any]:
@@ -197,4 +203,9 @@ def _network_problems(entry: dict[str, Any], n: int, workers: int) -> list[str]:
         p.append(f"{where}: workers must be a number of workers, 1 to {workers}, not {k!r}")
     if slot is not None and k is not None:
         p.append(f"{where}: give slot or workers, not both")
+    target = entry.get("target", "workers")
+    if target not in NETWORK_TARGETS:
+        p.append(f"{where}: target must be one of {', '.join(NETWORK_TARGETS)}, not {target!r}")
+    elif target != "workers" and (slot is not None or k is not None):
+        p.append(f'{where}: slot and workers are for target = "workers", not {target!r}')
     return p

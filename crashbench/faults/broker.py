@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from crashbench.designs import Design, EnqueueUnconfirmed, Job
 from crashbench.errors import ServerUnavailable
@@ -31,6 +33,7 @@ from crashbench.run.server import EmbeddedServer, find_server_binary
 from crashbench.run.worker import DOWN
 
 CHUNK = 10  # jobs per enqueue call while producing during the run
+PRODUCER_TIMEOUT = 5.0  # s: the producer's connection through the proxy when the scenario sets no socket timeout
 
 
 class Broker:
@@ -57,14 +60,30 @@ class Broker:
         reaches it, as behind a partition. (Pausing the replica would not do: what the primary sent
         waits in the replica's socket buffer and is applied once it resumes.)"""
         assert self.replica is not None
-        # First let the replica confirm every write acknowledged so far (the harness's own WAIT), so the
-        # cut is exact: what the primary acknowledges from here on, and only that, misses the replica.
+        self.sync_replica()
+        self._promote(self.replica)
+
+    def sync_replica(self) -> None:
+        """Until the replica confirms every write the primary acknowledged so far (the harness's own
+        WAIT, bounded), so that a cut made next is exact: what the primary acknowledges from then on,
+        and only that, misses the replica."""
         client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
         try:
             client.execute_command("WAIT", 1, 1000)
         finally:
             client.close()
-        self._promote(self.replica)
+
+    def relink_replica(self, port: int) -> None:
+        """The replica follows the primary through 127.0.0.1:`port` (the network fault proxy's
+        replica-link slot) from now on; returns once it is in sync again."""
+        assert self.replica is not None
+        client = redis.Redis.from_url(self.replica.url, socket_timeout=5)
+        try:
+            client.replicaof("127.0.0.1", port)
+        finally:
+            client.close()
+        _wait_in_sync(self.replica.url)
+        self.sync_replica()
 
     def failover(self) -> None:
         """Kill the primary and promote the replica; the address file then names the replica."""
@@ -118,6 +137,17 @@ class Producer:
             else:
                 ok = True
             self.chunks.append((now, [job.id for job in chunk], ok, ok and self.lagging))
+
+
+def producer_client(url: str, socket_timeout: float) -> redis.Redis:
+    """The producer's own connection when a network fault targets it (through the proxy). Always
+    bounded, since the producer runs in the harness's loop; and one attempt per enqueue: redis-py
+    retries a command that failed on the connection, and a retried enqueue that had landed would
+    enqueue the job twice. An enqueue without an answer is recorded indeterminate, never retried."""
+    t = socket_timeout or PRODUCER_TIMEOUT
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=t, socket_connect_timeout=t, retry=Retry(NoBackoff(), 0)
+    )
 
 
 def wait_back(url: str, timeout: float = 30.0) -> None:

@@ -13,14 +13,21 @@ from __future__ import annotations
 import signal
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
 
 from crashbench.designs import Located
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Broker, Producer, wait_back
-from crashbench.faults.proxy import ProxyProcess
+from crashbench.faults.broker import Broker, Producer, producer_client, wait_back
+from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
+
+if TYPE_CHECKING:
+    from crashbench.scenario import Scenario
 
 Clock = Callable[[], float]
 
@@ -147,7 +154,7 @@ class BrokerFaults:
         mark: Callable[[float, str], None],
         clock: Clock,
     ) -> None:
-        self.fault = next(f for f in planned if not f.on_worker)
+        self.fault = next(f for f in planned if f.kind in ("broker-kill", "failover"))
         self.broker, self.producer = broker, producer
         self.replica_lag, self.persistence = replica_lag, persistence
         self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
@@ -199,15 +206,31 @@ class BrokerFaults:
 
 
 class NetworkFaults:
-    """Network faults on the workers' connections through the proxy (crashbench.faults.proxy): each
-    is switched on at its start and healed at its end; faults on one slot at once add up."""
+    """Network faults through the proxy (crashbench.faults.proxy): each is switched on at its start and
+    healed at its end; faults on one proxy slot at once add up. The proxy's slots: one per worker slot,
+    then the producer's (`workers`), then the replica link's (`workers + 1`).
 
-    def __init__(self, planned: list[Fault], proxy: ProxyProcess, clock: Clock) -> None:
+    A fault on the replica link first has the harness wait until the replica confirms everything the
+    primary acknowledged (`sync_replica`), so "acknowledged while the link was cut" is exact, and marks
+    the producer's enqueues from then on as lagging (what a failover may lose, as with replica_lag)."""
+
+    def __init__(
+        self, planned: list[Fault], proxy: ProxyProcess, clock: Clock, workers: int,
+        producer: Producer | None = None, sync_replica: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         self.waiting = deque(f for f in planned if f.kind == "network")
-        self.proxy, self.clock = proxy, clock
+        self.proxy, self.clock, self.workers = proxy, clock, workers
+        self.producer, self.sync_replica = producer, sync_replica
         self.t0 = 0.0
         self.on: list[tuple[Fault, NetworkFaultRecord]] = []  # started, not healed
         self.records: list[NetworkFaultRecord] = []
+
+    @staticmethod
+    def slots_needed(workers: int) -> int:
+        return workers + 2
+
+    def proxy_slots(self, fault: Fault) -> tuple[int, ...]:
+        return {"producer": (self.workers,), "replica": (self.workers + 1,)}.get(fault.target, fault.slots)
 
     @property
     def done(self) -> bool:
@@ -218,16 +241,38 @@ class NetworkFaults:
         changed: set[int] = set()
         while self.waiting and now >= self.t0 + self.waiting[0].at:
             fault = self.waiting.popleft()
+            if fault.target == "replica" and self.sync_replica is not None:
+                self.sync_replica()
             record = NetworkFaultRecord(
-                fault.index, fault.toxic["name"], list(fault.slots), rel(self.clock(), self.t0), None
+                fault.index, fault.toxic["name"], list(fault.slots), rel(self.clock(), self.t0), None, fault.target
             )
             self.on.append((fault, record))
             self.records.append(record)
-            changed |= set(fault.slots)
+            changed |= set(self.proxy_slots(fault))
         for fault, record in list(self.on):
             if fault.duration and now >= self.t0 + fault.at + fault.duration:
                 self.on.remove((fault, record))
                 record.healed_at = rel(self.clock(), self.t0)
-                changed |= set(fault.slots)
+                changed |= set(self.proxy_slots(fault))
         for slot in sorted(changed):
-            self.proxy.set([slot], [f.toxic for f, _ in self.on if slot in f.slots])
+            self.proxy.set([slot], [f.toxic for f, _ in self.on if slot in self.proxy_slots(f)])
+        if self.producer is not None and any(f.target == "replica" for f, _ in self.on):
+            self.producer.lagging = True  # from the first cut on, as broker.replica_lag: what may be lost
+
+
+def start_proxy(
+    planned: list[Fault], url: str, sc: Scenario, broker: Broker | None, log: Path
+) -> tuple[ProxyProcess, redis.Redis | None]:
+    """The network fault proxy in front of the server at `url`, its slots laid out as NetworkFaults
+    expects; the replica's link to its primary goes through it when a fault targets the link. Returns
+    the producer's own connection through it when a fault targets the producer (else None)."""
+    proxy = proxy_for(url, NetworkFaults.slots_needed(sc.workers), log)
+    targets = {f.target for f in planned if f.kind == "network"}
+    if "replica" in targets and broker is not None:
+        try:
+            broker.relink_replica(proxy.ports[sc.workers + 1])
+        except BaseException:
+            proxy.close()
+            raise
+    client = producer_client(proxy.url(url, sc.workers), sc.socket_timeout) if "producer" in targets else None
+    return proxy, client

@@ -21,9 +21,9 @@ class Fault:
     kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network"
     signal: str = "SIGKILL"  # a signal fault's signal
     kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
-    target: str = "tree"  # for a worker that is a process tree: tree, parent or child
+    target: str = "tree"  # a process-tree worker's: tree, parent, child; a network fault's: workers, producer, replica
     duration: float = 0.0  # a pause's (SIGSTOP), a broker kill's downtime, a network fault's; 0: no end
-    slots: tuple[int, ...] = ()  # a network fault's worker slots (crashbench.faults.proxy)
+    slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.faults.proxy)
     toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
 
     @property
@@ -90,6 +90,7 @@ class NetworkFaultRecord:
     slots: list[int]
     at: float  # the proxy was told
     healed_at: float | None  # the proxy was told to heal (None: the run ended first)
+    target: str = "workers"  # the workers in `slots`, the producer, or the replica link (crashbench.faults)
     # What the queue did (crashbench.evidence.tally, from the ledgers and the harness's readings):
     resume_ms: float | None = None  # healed -> the first handler start in one of its slots (None: never)
     progress_ms: float | None = None  # healed -> the first completion anywhere (None: none after it)

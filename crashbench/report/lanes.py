@@ -274,7 +274,8 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
                     f'<rect x="{num(x0)}" y="{num(g.y(slot))}" width="{num(max(x1 - x0, 2))}" '
                     f'height="{num(g.lane_h)}"/></g>'
                 )
-        out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}</text>')
+        on = "" if nf.target == "workers" else f" on the {'producer' if nf.target == 'producer' else 'replica link'}"
+        out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}{on}</text>')
     for m in tl.marks:
         if m.what in ("replica_cut", "failover", "drain"):
             x = num(scale.x(m.t))

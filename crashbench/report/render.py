@@ -32,12 +32,16 @@ def _failed_metrics(result: Result, name: str) -> set[str]:
 
 def network_line(nf: NetworkFaultRecord) -> str:
     """One network fault and how the queue came back from it."""
-    slots = ", ".join(map(str, nf.slots))
+    where = {"producer": "the producer", "replica": "the replica link"}.get(
+        nf.target, "slot(s) " + ", ".join(map(str, nf.slots))
+    )
     healed = f"to {nf.healed_at:.2f} s" if nf.healed_at is not None else "to the end"
-    text = f"network {nf.toxic} on slot(s) {slots} from {nf.at:.2f} s {healed}"
+    text = f"network {nf.toxic} on {where} from {nf.at:.2f} s {healed}"
     if nf.healed_at is None:
         return text
     resumed = f"resumed {nf.resume_ms / 1000:.2f} s after" if nf.resume_ms is not None else "never resumed"
+    if nf.target == "replica":
+        resumed = "healed"  # the replica's catching up is not the queue's progress
     drained = f", drained {nf.drained_ms / 1000:.2f} s after" if nf.drained_ms is not None else ""
     stuck = f"; STUCK: slot(s) {', '.join(map(str, nf.stuck))}" if nf.stuck else ""
     rates = " / ".join(f"{r:g}" for r in nf.per_s)

@@ -28,8 +28,8 @@ from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer
-from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
-from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults, start_proxy
+from crashbench.faults.proxy import ProxyProcess
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import lease, workdirs
 from crashbench.run.drain import drain
@@ -116,6 +116,12 @@ class CrashRun:
         self.broker_faults: BrokerFaults | None = None
         self.network_faults: NetworkFaults | None = None
         self.proxy: ProxyProcess | None = None  # started before the workers when the run has network faults
+        targets = {f.target for f in self.planned if f.kind == "network"}
+        self.proxied_workers = "workers" in targets
+        # The producer enqueues during the run when a broker fault or a network fault on it may meet it.
+        self.producing = broker is not None or "producer" in targets
+        self.producer: Producer | None = None
+        self.producer_design: Design | None = None  # the producer's own, through the proxy (target producer)
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
@@ -124,7 +130,7 @@ class CrashRun:
         def prepare(name: str, slot: int) -> Callable[[], int]:
             path = self.ledger.path_for(name)
             # Through the network fault proxy when the run has network faults: one port per slot.
-            url = self.proxy.url(redis_url, slot) if self.proxy is not None else None
+            url = self.proxy.url(redis_url, slot) if self.proxy is not None and self.proxied_workers else None
             if (wp := self.worker_python) is not None:
                 argv = wp.argv(str(spec_file), name, str(path), str(parent))
                 env = wp.env(url)
@@ -166,6 +172,8 @@ class CrashRun:
             raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
             self.sup.stop_all(grace=self._grace())
+            if self.producer_design is not None:
+                self.producer_design.r.close()
             if self.proxy is not None:
                 self.proxy.close()
             self.ledger.close()
@@ -187,7 +195,7 @@ class CrashRun:
             self.warn(text)
         self.design.setup()
         ids = job_ids(self.sc.jobs)
-        if self.broker is None:
+        if not self.producing:
             # Chunks built and sent one by one, the stop flag read between them: 10M jobs take over
             # 30 s to build and send, and Ctrl-C must not wait for that.
             for start in range(0, len(ids), 1000):
@@ -197,8 +205,7 @@ class CrashRun:
                 self.enqueues.append((self.clock(), chunk))
                 self.design.enqueue(_jobs(chunk))
         if any(f.kind == "network" for f in self.planned):
-            self.proxy = proxy_for(self.url, self.sc.workers, self.dir / "logs" / "proxy.log")
-            self.network_faults = NetworkFaults(self.planned, self.proxy, self.clock)
+            self._start_proxy()
         self.t0 = self.clock()
         self.started = time.time()
         for slot in range(self.sc.workers):
@@ -249,18 +256,9 @@ class CrashRun:
         if self.progress is None or (now < self._next_progress and not force):
             return
         self._next_progress = now + 0.1
-        self.progress(
-            Progress(
-                self.spec,
-                self.phase,
-                self.sc.jobs,
-                self.ledger.done,
-                len(self.worker_faults.records),
-                len(self.worker_faults.records) + len(self.worker_faults.queue),
-                len(self.sup.alive()),
-                now - self.t0,
-            )
-        )
+        wf = self.worker_faults
+        self.progress(Progress(self.spec, self.phase, self.sc.jobs, self.ledger.done, len(wf.records),
+                               len(wf.records) + len(wf.queue), len(self.sup.alive()), now - self.t0))  # fmt: skip
 
     def _collect_exits(self) -> None:
         for w in self.sup.reap():
@@ -301,26 +299,39 @@ class CrashRun:
     def _fire_faults(self, ids: list[str]) -> None:
         """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
         broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
-        workers, broker, network = self.worker_faults, None, self.network_faults
+        workers, broker, network = self.worker_faults, None, None
         workers.t0 = self.t0
-        if network is not None:
+        producer = self.producer = Producer(_jobs(ids), self.sc.produce_s, self.t0) if self.producing else None
+        if self.proxy is not None:
+            sync = self.broker.sync_replica if self.broker is not None else None
+            network = self.network_faults = NetworkFaults(
+                self.planned, self.proxy, self.clock, self.sc.workers, producer, sync
+            )
             network.t0 = self.t0
-        if self.broker is not None:
-            producer = Producer(_jobs(ids), self.sc.produce_s, self.t0)
+        if self.broker is not None and producer is not None:
             broker = self.broker_faults = BrokerFaults(
                 self.planned, self.broker, producer, self.sc.replica_lag, self.sc.persistence, self._locate,
                 self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
             )  # fmt: skip
             broker.t0 = self.t0
-        while not workers.done or (broker is not None and not broker.done) or (network and not network.done):
+        while (
+            not workers.done or (broker is not None and not broker.done) or (network and not network.done)
+            or (producer is not None and not producer.done)
+        ):  # fmt: skip
             self._tick()
             if network is not None:
                 network.step(self.clock())
+            if producer is not None:
+                producer.produce(self.producer_design or self.design, self.clock())
             if broker is not None:
-                broker.producer.produce(self.design, self.clock())
                 broker.step(self.clock())
             waiting = workers.step(self.clock())
             time.sleep(self.TICK / 10 if waiting else self.TICK)
+
+    def _start_proxy(self) -> None:
+        self.proxy, client = start_proxy(self.planned, self.url, self.sc, self.broker, self.dir / "logs" / "proxy.log")
+        if client is not None:  # a fault on the producer: its enqueues go through the proxy
+            self.producer_design = self.design_cls(client, self.prefix, self.sc.settings(self.spec))
 
     def _reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
@@ -351,15 +362,15 @@ class CrashRun:
         state = self.design.state()
         located = self._locate()
         t0, bf = self.t0, self.broker_faults
-        if bf is not None:
-            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in bf.producer.chunks]
+        if self.producer is not None:
+            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in self.producer.chunks]
         else:
             enqueues = [Enqueue(rel(t, t0), chunk) for t, chunk in self.enqueues]
         cls = self.design_cls
         return Timeline(
             index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
             scenario=self.sc.to_dict(), design=DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once),
-            t0=t0, started=self.started, window=self.window, produced=bf is not None,
+            t0=t0, started=self.started, window=self.window, produced=self.producer is not None,
             configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},

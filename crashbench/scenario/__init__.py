@@ -93,7 +93,7 @@ class Scenario:
     fault_at: float = 1.0  # seconds after the workers start
     downtime: float = 0.5  # seconds the server stays down before it is restarted (kill)
     persistence: str = "none"  # of the embedded server: none, rdb (a snapshot every second), aof-everysec, aof-always
-    produce_s: float = 3.0  # with a broker fault the producer enqueues during the run, over this many seconds
+    produce_s: float = 3.0  # a broker fault or a producer network fault: the producer enqueues over this long
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     replica_lag: float = 0.0  # failover: the replica stops following the primary this long before it dies
@@ -194,12 +194,31 @@ class Scenario:
             p.append(
                 f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)"
             )
+        p += self._network_combinations()
         lag, at = self.replica_lag, self.fault_at
         if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
             if lag and self.fault != "failover":
                 p.append('broker.replica_lag is for fault = "failover" (a replica that falls behind its primary)')
             if lag > at:
                 p.append(f"broker.replica_lag {lag} must not be longer than broker.fault_at {at}")
+        return p
+
+    def _network_combinations(self) -> list[str]:
+        """Network faults the proxy can make in this run: it follows one server, so worker and producer
+        targets do not mix with a broker fault (workers re-read the server's address after one and would
+        bypass it), and the replica link exists only in a failover run."""
+        p = []
+        for n, e in enumerate(self.schedule, 1):
+            if not isinstance(e, dict) or e.get("kind") != "network":
+                continue
+            target = e.get("target", "workers")
+            if target == "replica" and self.fault != "failover":
+                p.append(f'[[faults]] network entry {n}: target = "replica" needs a failover run (fault = "failover")')
+            elif target in ("workers", "producer") and self.fault != "none":
+                p.append(
+                    f'[[faults]] network entry {n}: target = "{target}" cannot be combined with a broker fault '
+                    f'({self.fault}): the proxy follows one server; use target = "replica" in a failover run'
+                )
         return p
 
     def to_dict(self) -> dict[str, Any]:
