@@ -18,6 +18,7 @@ import redis
 
 from crashbench.designs import Design, DesignSettings, Job, Located, load_design, safe_name
 from crashbench.evidence import inspector
+from crashbench.evidence.checks import Evidence, check
 from tests.test_libraries import installed
 
 JOBS = ["000001", "000002", "000003", "000004", "000005"]
@@ -107,6 +108,80 @@ def test_rq_failed_registry_counts_without_the_job_hash(client: redis.Redis, raw
     raw.zadd(f"rq:failed:{q}", {f"{q}-000002": time.time() + 60})
     found = _locate(d, raw)
     assert found.failed == {"000002"} and "000002" not in found.held
+
+
+def _rq_worker_between_dequeue_and_horse(d: Design) -> tuple[object, object]:
+    """RQ's own steps up to the fork, as its Worker takes them: BLMOVE from the queue into the
+    intermediate list (Queue.dequeue_any -> Queue.lmove), then the worker's registration of the
+    execution in rq:wip (Worker.prepare_execution). The work horse's step that takes the id off the
+    intermediate list (Worker.prepare_job_execution) is left to the caller: a half-open connection
+    at the fork leaves the job here. Returns RQ's worker and job."""
+    from rq import Queue, Worker
+
+    class Quiet(Worker):  # RQ's worker, minus renaming the test process (setproctitle)
+        def procline(self, message: str) -> None:
+            pass
+
+    worker = Quiet([d.queue], connection=d.raw, name=f"{d.qname}-w0")  # type: ignore[attr-defined]
+    taken = Queue.dequeue_any([d.queue], timeout=1, connection=d.raw)  # type: ignore[attr-defined]
+    assert taken is not None
+    job, _ = taken
+    worker.prepare_execution(job)
+    return worker, job
+
+
+def _evidence(d: Design, found: Located) -> Evidence:
+    return Evidence(enqueued=JOBS, executions=[], located=found, state=d.state(), drained=False, own_worker=True)
+
+
+@installed("rq")
+def test_rq_job_between_worker_and_horse_is_one_started_holding(
+    client: redis.Redis, raw: redis.Redis, run_id: str
+) -> None:
+    d, _ = _enqueued(client, raw, "rq", run_id)
+    q = d.qname  # type: ignore[attr-defined]
+    worker, job = _rq_worker_between_dequeue_and_horse(d)
+    first = job.id.removeprefix(f"{q}-")
+    assert first == JOBS[0]
+    # The state RQ leaves: the id both in the intermediate list and (as "<job>:<execution>") in rq:wip.
+    assert raw.lrange(f"rq:queue:{q}:intermediate", 0, -1) == [job.id.encode()]
+    assert [m.split(b":")[0] for m in raw.zrange(f"rq:wip:{q}", 0, -1)] == [job.id.encode()]
+    # RQ's own cleanup of the intermediate list reads it as started: it leaves the id alone.
+    d.queue.intermediate_queue.cleanup(worker, d.queue)  # type: ignore[attr-defined]
+    assert raw.lrange(f"rq:queue:{q}:intermediate", 0, -1) == [job.id.encode()]
+    assert not raw.exists(d.queue.intermediate_queue.get_first_seen_key(job.id))  # type: ignore[attr-defined]
+
+    found = _locate(d, raw)
+    assert _held(found) == {first: ["started:intermediate"]} | {j: ["queue"] for j in JOBS[1:]}
+    assert d.state().held[first] == "started"
+    assert d.backlog() == len(JOBS)  # one job, counted once
+    assert check(_evidence(d, found)) == []
+
+    # The horse's step: the id leaves the intermediate list; the job is started, in one place still.
+    worker.prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[attr-defined]
+    found = _locate(d, raw)
+    assert _held(found)[first] == ["started"]
+    assert check(_evidence(d, found)) == []
+
+
+@installed("rq")
+def test_rq_a_job_really_in_two_places_still_fires_held_twice(
+    client: redis.Redis, raw: redis.Redis, run_id: str
+) -> None:
+    d, _ = _enqueued(client, raw, "rq", run_id)
+    q = d.qname  # type: ignore[attr-defined]
+    _, job = _rq_worker_between_dequeue_and_horse(d)
+    first, second = JOBS[0], JOBS[1]
+    # 000001, started, pushed back onto the queue as well: a worker would run it a second time.
+    raw.rpush(f"rq:queue:{q}", job.id)
+    # 000002: still queued, and in the intermediate list too (not started: no transition of RQ's).
+    raw.rpush(f"rq:queue:{q}:intermediate", f"{q}-{second}")
+
+    found = _locate(d, raw)
+    assert _held(found)[first] == ["queue", "started:intermediate"]
+    assert _held(found)[second] == ["intermediate", "queue"]
+    problems = [p for p in check(_evidence(d, found)) if p.check == "held_twice"]
+    assert [p.ids for p in problems] == [[first, second]]
 
 
 def _celery_message(raw: redis.Redis, list_key: str) -> tuple[str, bytes]:

@@ -13,6 +13,18 @@ Keys: RQ's own layout, outside crashbench's namespace (so these designs refuse -
 A list or registry holds only the id: a job counts as held there only while its rq:job hash exists
 (RQ skips an id whose hash is gone).
 
+A job in rq:wip and in the intermediate list at once is one holding, "started:intermediate": the
+worker BLMOVEs the id into the intermediate list (rq/queue.py, Queue.lmove), registers the execution
+in rq:wip before it forks (rq/executions.py, prepare_execution -> Execution.create ->
+StartedJobRegistry.add_execution), and only its work horse, in the MULTI that marks the job started,
+takes the id off the intermediate list (rq/worker/base.py, prepare_job_execution, LREM when the
+worker has one queue). Every job passes through that state; one whose horse never got its MULTI
+through (a connection gone half-open at the fork) stays in it. RQ's own reading agrees: its cleanup
+of the intermediate list leaves alone every id that is in the started registry (rq/intermediate_queue.py,
+IntermediateQueue.cleanup) and only fails the ids that are not, so the job's fate is the started
+registry's (its heartbeat expiry). An intermediate entry beside the queue or the scheduled registry
+is no such transition and still counts as a second place.
+
 The worker is RQ's default `Worker`: it forks a work horse per job (which leaves the worker's process
 group), so faults go to the worker's whole process tree. A job whose horse dies stays in rq:wip
 until its heartbeat expires (job_monitoring_interval + 60 s, the 60 s fixed by RQ) and a worker's
@@ -149,10 +161,12 @@ class RQQueue(LibraryDesign):
         # Raw reads: RQ's own count() would run its cleanup, which is recovery the library must do itself.
         # The intermediate list counts: a worker killed between its BLMOVE and its horse's start leaves
         # the job there until a maintenance pass (a minute later at the earliest) fails it.
+        # An id in the intermediate list that is also in rq:wip is one job, counted once (see the module).
         started = StartedJobRegistry(queue=self.queue).key
         scheduled = ScheduledJobRegistry(queue=self.queue).key
-        waiting = self.raw.llen(self.queue.key) + self.raw.llen(self.queue.intermediate_queue_key)
-        return int(waiting + self.raw.zcard(started) + self.raw.zcard(scheduled))
+        running = set(self._ids(started, "zset"))
+        intermediate = sum(1 for j in self._ids(self.queue.intermediate_queue_key, "list") if j not in running)
+        return int(self.raw.llen(self.queue.key) + intermediate + len(running) + self.raw.zcard(scheduled))
 
     def state(self) -> QueueState:
         held = dict.fromkeys(self._ids(self.queue.key, "list"), "queue")
@@ -183,20 +197,29 @@ class RQQueue(LibraryDesign):
         rq_id = member.decode(errors="replace").split(":")[0]  # rq:wip entries are "<job>:<execution>"
         return rq_id if rq_id.startswith(f"{self.qname}-") else None
 
+    def _members(self, key: str, snapshot: Snapshot) -> list[str]:
+        """The crashbench job ids a list / registry holds (see _member_job), one per member."""
+        stored = snapshot.keys.get(key)
+        jobs = (self._member_job(m, snapshot) for m in (stored.items if stored is not None else ()))
+        return [j for j in jobs if j is not None]
+
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
-        places = (
-            (self.queue.key, "queue", "held"),
-            (self.queue.intermediate_queue_key, "intermediate", "held"),
-            (StartedJobRegistry(queue=self.queue).key, "started", "held"),
-            (ScheduledJobRegistry(queue=self.queue).key, "scheduled", "delayed"),
-        )
-        for key, where, kind in places:
-            stored = snapshot.keys.get(key)
-            for member in stored.items if stored is not None else ():
-                job = self._member_job(member, snapshot)
-                if job is not None:
-                    found.add(job, where, kind)
+        started = self._members(StartedJobRegistry(queue=self.queue).key, snapshot)
+        intermediate = self._members(self.queue.intermediate_queue_key, snapshot)
+        # A started job still in the intermediate list is between the worker's registration of its
+        # execution and its horse's first MULTI: one holding, which RQ's cleanup leaves to the started
+        # registry (see the module's docstring). Any other intermediate entry is a place of its own.
+        transition = set(started) & set(intermediate)
+        for job in self._members(self.queue.key, snapshot):
+            found.add(job, "queue")
+        for job in intermediate:
+            if job not in transition:
+                found.add(job, "intermediate")
+        for job in started:
+            found.add(job, "started:intermediate" if job in transition else "started")
+        for job in self._members(ScheduledJobRegistry(queue=self.queue).key, snapshot):
+            found.add(job, "scheduled", "delayed")
         # The failed registry is RQ's record of the failure itself, kept failure_ttl (a year by
         # default): it counts whether or not the job hash is still there.
         failed = snapshot.keys.get(FailedJobRegistry(queue=self.queue).key)
