@@ -7,6 +7,7 @@ import pytest
 
 from crashbench.errors import UsageError
 from crashbench.evidence.counts import Counts
+from crashbench.faults.records import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Timings
 from crashbench.scenario.thresholds import (
     Threshold,
@@ -152,6 +153,17 @@ def test_a_design_without_explicit_thresholds_gets_no_defaults_either() -> None:
     runs = [run("naive", undrained=3, worker_crashes=2), run("reliable")]
     got = check_all(runs, {"reliable": (parse_entry("reliable", "lost", 0, "scenario"),)}, ())
     assert {r.design for r in got} == {"reliable"}
+
+
+def test_a_run_with_network_faults_is_also_held_to_no_stuck_worker() -> None:
+    declared = {"reliable": (parse_entry("reliable", "lost", 0, "scenario"),)}
+    faulted = run(stuck_workers=2)
+    faulted.network_faults = [NetworkFaultRecord(0, "timeout", [0, 1], 1.0, 3.0, stuck=[0, 1])]
+    got = {r.threshold: r for r in check_all([faulted], declared, ())}
+    stuck = got["stuck_workers == 0"]
+    assert (stuck.status, stuck.actual, stuck.source) == ("fail", 2, "default")
+    # Without network faults the default is not there: nothing could have made a worker stuck.
+    assert "stuck_workers == 0" not in {r.threshold for r in check_all([run()], declared, ())}
 
 
 # --- thresholds that name a design not in the run -------------------------------------------------

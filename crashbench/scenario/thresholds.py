@@ -17,7 +17,8 @@ no recovery time; no baseline run of the design) is inconclusive, never passed.
 A scenario declares them per design (`[expect.<design>]`, `metric = "op value"`), the command line
 with `--threshold`, for every design or for one. A design with at least one of those is also held to
 `undrained == 0` and `worker_crashes == 0` (source "default") unless it names those metrics itself:
-nobody injected what they count, so any is a failure. A design with none of them is unchecked.
+nobody injected what they count, so any is a failure; in a run with network faults, `stuck_workers
+== 0` as well (a worker that never resumed). A design with none of them is unchecked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from crashbench.report.results import DesignRun, Result, ThresholdResult, group,
 COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
 # Held at 0 for every design that has any explicit threshold: what they count was never injected.
 DEFAULT_ZERO = ("undrained", "worker_crashes")
+DEFAULT_ZERO_NETWORK = ("stuck_workers",)  # ... in a run with network faults: a worker that never resumed
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +236,15 @@ def _expected_count(t: Threshold, run: DesignRun) -> float:
     return t.value
 
 
-def defaults(explicit: Sequence[Threshold]) -> list[Threshold]:
+def defaults(explicit: Sequence[Threshold], network: bool = False) -> list[Threshold]:
     """The implicit `== 0` thresholds for a design whose explicit ones are `explicit`: none without
-    any (an unchecked design stays unchecked), and none for a metric the explicit ones already name."""
+    any (an unchecked design stays unchecked), and none for a metric the explicit ones already name;
+    with network faults in its runs, stuck workers too."""
     if not explicit:
         return []
     named = {t.metric for t in explicit}
-    return [Threshold(m, "==", 0.0, source="default") for m in DEFAULT_ZERO if m not in named]
+    metrics = DEFAULT_ZERO + (DEFAULT_ZERO_NETWORK if network else ())
+    return [Threshold(m, "==", 0.0, source="default") for m in metrics if m not in named]
 
 
 def check_all(
@@ -256,7 +260,8 @@ def check_all(
     for name, design_runs in group(runs).items():
         design = design_runs[0].design
         explicit = [*declared.get(design, ()), *(t for t in given if t.design in (None, design, name))]
-        for t in [*explicit, *defaults(explicit)]:
+        network = any(run.network_faults for run in design_runs)
+        for t in [*explicit, *defaults(explicit, network)]:
             base_runs = None if base is None else base.get(name, [])
             out.append(evaluate(t, name, design_runs, base_runs))
     return out
