@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from crashbench.designs import Design, EnqueueUnconfirmed, Job
+from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job
 from crashbench.errors import ServerUnavailable
 from crashbench.run import workdirs
 from crashbench.run.server import EmbeddedServer, find_server_binary
@@ -34,6 +35,12 @@ from crashbench.run.worker import DOWN
 
 CHUNK = 10  # jobs per enqueue call while producing during the run
 PRODUCER_TIMEOUT = 5.0  # s: the producer's connection through the proxy when the scenario sets no socket timeout
+
+
+def producer_bound(socket_timeout: float) -> float:
+    """How long the harness waits for one enqueue through the proxy (Through): a built-in design's
+    gives up after its timeout, twice over with a reconnect, so this never cuts one short."""
+    return 2 * (socket_timeout or PRODUCER_TIMEOUT) + 0.5
 
 
 class Broker:
@@ -102,13 +109,58 @@ class Broker:
             client.close()
 
 
+class Through:
+    """The producer's enqueues through the network fault proxy (a fault on the producer), with its own
+    design: each in a thread, waited for at most `bound` s. One that has not returned by then is
+    indeterminate and abandoned with its design, as Jepsen abandons a client whose operation timed out;
+    the next enqueue gets a fresh design. A library's client may have no socket timeout at all, and the
+    harness must not hang with it (nor its Ctrl-C). Abandoned calls end when the proxy closes."""
+
+    def __init__(self, fresh: Callable[[], Design], bound: float) -> None:
+        self.fresh, self.bound = fresh, bound
+        self.designs = [fresh()]
+        self.abandoned = 0
+
+    @classmethod
+    def to(cls, url: str, design_cls: type[Design], prefix: str, settings: DesignSettings, timeout: float) -> Through:
+        """Enqueues of a `design_cls` design through the proxy at `url`."""
+        return cls(lambda: design_cls(producer_client(url, timeout), prefix, settings), producer_bound(timeout))
+
+    def enqueue(self, chunk: list[Job]) -> bool:
+        design, outcome = self.designs[-1], []
+
+        def call() -> None:
+            try:
+                design.enqueue(chunk)
+            except Exception:  # whatever the library raises: the enqueue got no answer
+                outcome.append(False)
+            else:
+                outcome.append(True)
+
+        thread = threading.Thread(target=call, name="crashbench-producer", daemon=True)
+        thread.start()
+        thread.join(self.bound)
+        if thread.is_alive():
+            self.abandoned += 1
+            self.designs.append(self.fresh())
+            return False
+        return outcome[0]
+
+    def close(self) -> None:
+        for design in self.designs:
+            with contextlib.suppress(Exception):
+                design.r.close()
+
+
 class Producer:
     """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and records each chunk: when,
     its ids, whether its enqueue was acknowledged (else indeterminate), and whether that was while the
-    replica lagged. The timeline reads the chunks (crashbench.evidence.timeline)."""
+    replica lagged. The timeline reads the chunks (crashbench.evidence.timeline). With `through`, its
+    enqueues go through the proxy (Through), else through the design it is given."""
 
-    def __init__(self, jobs: list[Job], produce_s: float, start: float) -> None:
+    def __init__(self, jobs: list[Job], produce_s: float, start: float, through: Through | None = None) -> None:
         self.jobs = jobs
+        self.through = through
         self.every = produce_s / max(1, -(-len(jobs) // CHUNK))
         self.start = start
         self.next = 0
@@ -130,12 +182,15 @@ class Producer:
         if not self.done and now >= self.start + (self.next // CHUNK) * self.every:
             chunk = self.jobs[self.next : self.next + CHUNK]
             self.next += CHUNK
-            try:
-                design.enqueue(chunk)
-            except (*DOWN, EnqueueUnconfirmed):
-                ok = False
+            if self.through is not None:
+                ok = self.through.enqueue(chunk)
             else:
-                ok = True
+                try:
+                    design.enqueue(chunk)
+                except (*DOWN, EnqueueUnconfirmed):
+                    ok = False
+                else:
+                    ok = True
             self.chunks.append((now, [job.id for job in chunk], ok, ok and self.lagging))
 
 

@@ -16,12 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-
 from crashbench.designs import Located
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Broker, Producer, producer_client, wait_back
+from crashbench.faults.broker import Broker, Producer, wait_back
 from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
@@ -262,10 +260,10 @@ class NetworkFaults:
 
 def start_proxy(
     planned: list[Fault], url: str, sc: Scenario, broker: Broker | None, log: Path
-) -> tuple[ProxyProcess, redis.Redis | None]:
+) -> tuple[ProxyProcess, str | None]:
     """The network fault proxy in front of the server at `url`, its slots laid out as NetworkFaults
     expects; the replica's link to its primary goes through it when a fault targets the link. Returns
-    the producer's own connection through it when a fault targets the producer (else None)."""
+    the producer's URL through it when a fault targets the producer (else None)."""
     proxy = proxy_for(url, NetworkFaults.slots_needed(sc.workers), log)
     targets = {f.target for f in planned if f.kind == "network"}
     if "replica" in targets and broker is not None:
@@ -274,5 +272,4 @@ def start_proxy(
         except BaseException:
             proxy.close()
             raise
-    client = producer_client(proxy.url(url, sc.workers), sc.socket_timeout) if "producer" in targets else None
-    return proxy, client
+    return proxy, proxy.url(url, sc.workers) if "producer" in targets else None

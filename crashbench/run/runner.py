@@ -27,7 +27,7 @@ from crashbench.evidence import inspector, tally
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
-from crashbench.faults.broker import Broker, Producer
+from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults, start_proxy
 from crashbench.faults.proxy import ProxyProcess
 from crashbench.report.results import DesignRun, WorkerExit
@@ -121,7 +121,7 @@ class CrashRun:
         # The producer enqueues during the run when a broker fault or a network fault on it may meet it.
         self.producing = broker is not None or "producer" in targets
         self.producer: Producer | None = None
-        self.producer_design: Design | None = None  # the producer's own, through the proxy (target producer)
+        self.producer_url: str | None = None  # through the proxy, when a network fault targets the producer
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
@@ -172,8 +172,8 @@ class CrashRun:
             raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
             self.sup.stop_all(grace=self._grace())
-            if self.producer_design is not None:
-                self.producer_design.r.close()
+            if self.producer is not None and self.producer.through is not None:
+                self.producer.through.close()
             if self.proxy is not None:
                 self.proxy.close()
             self.ledger.close()
@@ -301,7 +301,10 @@ class CrashRun:
         broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
         workers, broker, network = self.worker_faults, None, None
         workers.t0 = self.t0
-        producer = self.producer = Producer(_jobs(ids), self.sc.produce_s, self.t0) if self.producing else None
+        through = None
+        if (url := self.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
+            through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
+        producer = self.producer = Producer(_jobs(ids), self.sc.produce_s, self.t0, through) if self.producing else None
         if self.proxy is not None:
             sync = self.broker.sync_replica if self.broker is not None else None
             network = self.network_faults = NetworkFaults(
@@ -322,16 +325,16 @@ class CrashRun:
             if network is not None:
                 network.step(self.clock())
             if producer is not None:
-                producer.produce(self.producer_design or self.design, self.clock())
+                producer.produce(self.design, self.clock())
             if broker is not None:
                 broker.step(self.clock())
             waiting = workers.step(self.clock())
             time.sleep(self.TICK / 10 if waiting else self.TICK)
 
     def _start_proxy(self) -> None:
-        self.proxy, client = start_proxy(self.planned, self.url, self.sc, self.broker, self.dir / "logs" / "proxy.log")
-        if client is not None:  # a fault on the producer: its enqueues go through the proxy
-            self.producer_design = self.design_cls(client, self.prefix, self.sc.settings(self.spec))
+        self.proxy, self.producer_url = start_proxy(
+            self.planned, self.url, self.sc, self.broker, self.dir / "logs" / "proxy.log"
+        )
 
     def _reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
