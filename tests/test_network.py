@@ -4,13 +4,16 @@ half-open connection, with and without socket timeouts."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
+from crashbench.designs import Job
 from crashbench.errors import UsageError
+from crashbench.faults.broker import Through
 from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario
@@ -149,3 +152,30 @@ def test_a_network_fault_the_proxy_cannot_make_is_refused(
     fault = {"kind": "network", "toxic": "timeout", "at": 0.5, **entry}
     sc = dataclasses.replace(small, schedule=(fault,), fault=broker)
     assert any(problem in p for p in sc.problems()), sc.problems()
+
+
+def test_an_enqueue_through_the_proxy_that_never_returns_is_abandoned_with_its_design() -> None:
+    """A library client without a socket timeout would hang the harness on a silent connection: the
+    enqueue is waited for at most its bound, then recorded indeterminate, and the next one gets a
+    fresh design (its client), as Jepsen abandons a client whose operation timed out."""
+    release, made = threading.Event(), []
+
+    class Stub:  # stands for a design: the first one's client hangs, the others answer or raise
+        def __init__(self) -> None:
+            self.n, self.r = len(made), redis.Redis()
+            made.append(self)
+
+        def enqueue(self, chunk: list[Job]) -> None:
+            if self.n == 0:
+                release.wait()
+            if chunk[0].id == "bad":
+                raise OSError("whatever a library raises")
+
+    through = Through(Stub, bound=0.2)  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert through.enqueue([Job("1", "{}")]) is False and through.abandoned == 1 and len(made) == 2
+    assert time.monotonic() - started < 2
+    assert through.enqueue([Job("2", "{}")]) is True and through.enqueue([Job("bad", "{}")]) is False
+    assert len(made) == 2 and through.abandoned == 1
+    release.set()
+    through.close()
