@@ -1,6 +1,7 @@
 """The README's network table from the result files `make network` writes: one row per scenario and
 design (the newest result of each): lost, duplicated (of which overlapping), stuck workers, how soon
-the faulted workers started a job again after the fault healed, and how soon the queue drained.
+the faulted workers (the producer: its enqueues) resumed after the fault healed, how soon the queue
+drained, and, where the producer enqueued during the run, its indeterminate enqueues (of which ran).
 
     python bench/network_table.py results/readme/network
 """
@@ -20,14 +21,18 @@ def _after(ms: float | None, none: str) -> str:
 
 def row(scenario: str, run: DesignRun) -> str:
     c, faults = run.counts, run.network_faults
-    resumes = [nf.resume_ms for nf in faults if nf.healed_at is not None]
+    resumes = [nf.resume_ms for nf in faults if nf.healed_at is not None and nf.target != "replica"]
     resume = "never" if any(r is None for r in resumes) else _after(max(resumes, default=None), "-")  # type: ignore[arg-type]
     drained = [nf.drained_ms for nf in faults if nf.healed_at is not None]
     drain = _after(max((d for d in drained if d is not None), default=None), "not drained")
+    if not drained:  # no fault healed (it lasted to the end): whether the run drained at all
+        drain = "-" if run.timings.drained else "not drained"
     dup = f"{c.duplicated} ({c.duplicated_overlapping})"
+    produced = any(nf.target == "producer" for nf in faults) or run.broker_fault is not None
+    indeterminate = f"{c.indeterminate} ({c.recovered})" if produced else "-"
     # A run whose evidence checks failed is broken: its figures are shown, marked, never trusted.
     design = run.design + (f" (broken: {', '.join(sorted({p.check for p in run.problems}))})" if run.problems else "")
-    return f"| {scenario} | {design} | {c.lost} | {dup} | {c.stuck_workers} | {resume} | {drain} |"
+    return f"| {scenario} | {design} | {c.lost} | {dup} | {c.stuck_workers} | {resume} | {drain} | {indeterminate} |"
 
 
 def main(directory: str) -> int:
@@ -37,9 +42,9 @@ def main(directory: str) -> int:
         for run in result.runs:
             newest[(str(result.scenario["name"]), run.design)] = (str(result.scenario["name"]), run)
     columns = ("scenario", "design", "lost", "duplicated (overlapping)", "stuck workers", "resumed after the heal",
-               "drained after the heal")  # fmt: skip
+               "drained after the heal", "indeterminate enqueues (ran)")  # fmt: skip
     print("| " + " | ".join(columns) + " |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for scenario, run in newest.values():
         print(row(scenario, run))
     return 0
