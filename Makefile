@@ -61,7 +61,7 @@ libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenari
 # The README's network table: each network scenario on the built-in designs, and on the library adapters
 # with one handler per worker (so that the work outlasts the fault) and a 30 s window after it (about
 # 15 minutes); the table from the result files in results/readme/network.
-NET_SCENARIOS := net-half-open net-half-open-no-timeouts net-reset-storm net-latency net-producer-cut
+NET_SCENARIOS := net-half-open net-half-open-no-timeouts net-reset-storm net-latency net-stall net-producer-cut
 NET_LIBRARIES := rq,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable
 network: $(STAMP)  ## the README's network table (network scenarios, built-in designs and libraries)
 	rm -rf results/readme/network
