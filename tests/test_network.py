@@ -4,6 +4,8 @@ half-open connection, with and without socket timeouts."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -11,8 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench import faults
 from crashbench.designs import Job
 from crashbench.errors import UsageError
+from crashbench.faults import netns
 from crashbench.faults.broker import Through
 from crashbench.faults.proxy import ProxyProcess, proxy_for
 from crashbench.run.session import Options, run_designs, run_sweep
@@ -144,6 +148,13 @@ def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_ack
         ({}, "failover", 'target = "workers" cannot be combined with a broker fault'),
         ({"target": "producer", "slot": 0}, "none", 'slot and workers are for target = "workers"'),
         ({"target": "server"}, "none", "target must be one of workers, producer, replica, not 'server'"),
+        ({"toxic": "loss"}, "none", "loss needs a probability, more than 0 and at most 1, not None"),
+        ({"toxic": "loss", "probability": 1.5}, "none", "loss needs a probability, more than 0 and at most 1"),
+        ({"toxic": "drop", "probability": 0.5}, "none", "probability is for loss, not drop"),
+        ({"toxic": "drop", "direction": "upstream"}, "none", "drop is on the slot's packets both ways"),
+        ({"toxic": "reject", "target": "producer"}, "none", "reject is for workers"),
+        ({"toxic": "drop", "latency": 100}, "none", "latency are attributes of the proxy's toxics, not of drop"),
+        ({"toxic": "latency", "probability": 0.5}, "none", "probability is for loss"),
     ],
 )
 def test_a_network_fault_the_proxy_cannot_make_is_refused(
@@ -179,3 +190,36 @@ def test_an_enqueue_through_the_proxy_that_never_returns_is_abandoned_with_its_d
     assert len(made) == 2 and through.abandoned == 1
     release.set()
     through.close()
+
+
+def test_a_run_uses_the_proxy_or_partitions_not_both(small: Scenario) -> None:
+    drop = {"kind": "network", "toxic": "drop", "at": 0.5, "duration": 0.5}
+    slow = {"kind": "network", "toxic": "latency", "latency": 100, "at": 0.5}
+    problems = dataclasses.replace(small, schedule=(drop, slow)).problems()
+    assert any("the proxy's toxics or network partitions" in p for p in problems), problems
+    assert netns.RULES == faults.PARTITION_TOXICS  # one vocabulary, checked where it is parsed
+
+
+def test_partitions_refuse_a_server_crashbench_did_not_start(small: Scenario, valkey_url: str) -> None:
+    """They change the server's bind and protected mode: never on a server crashbench does not own."""
+    drop = {"kind": "network", "toxic": "drop", "at": 0.2, "duration": 0.2}
+    sc = dataclasses.replace(small, jobs=50, kills=0, schedule=(drop,))
+    with pytest.raises(UsageError, match="need a server crashbench starts"):
+        run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"network partitions: {netns.unavailable()}")
+def test_a_real_partition_is_a_reconnect_with_timeouts_and_leaves_nothing_behind(small: Scenario) -> None:
+    """Both workers in their own namespace, every packet of theirs dropped for 0.6 s under their blocking
+    pop, 0.5 s socket timeouts: each times out, reconnects once healed, and the queue drains; nothing is
+    lost, nothing runs twice at once, and no namespace or iptables chain of the run is left."""
+    drop = {"kind": "network", "toxic": "drop", "at": 0.3, "duration": 0.6}
+    sc = dataclasses.replace(small, jobs=200, job_ms=5, workers=2, kills=0, schedule=(drop,), socket_timeout=0.5)
+    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    c, (nf,) = run.counts, run.network_faults
+    assert run.problems == [] and nf.toxic == "drop" and nf.slots == [0, 1] and nf.resume_ms is not None
+    assert c.lost == c.stranded == c.stuck_workers == c.duplicated_overlapping == 0 and c.done == 200
+    assert c.duplicated == c.requeued  # a job whose ack died in the partition, given back and run again
+    mine = f"cb-{os.getpid()}"
+    assert mine not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert mine not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout

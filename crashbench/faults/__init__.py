@@ -32,6 +32,10 @@ A scenario describes its faults two ways, and a run may have both:
                                   # run) or "replica" (a failover run's replica link to its primary)
       timeout = 0                 # the toxic's own attributes, Toxiproxy's names (latency, jitter, ...)
 
+  `toxic = "drop"`, `"reject"` or `"loss"` (with `probability`) are the kernel's own faults instead:
+  each worker slot in its own network namespace, iptables rules on its packets, both ways (root and
+  iptables needed; crashbench.faults.netns). A run uses the proxy's toxics or these, not both.
+
 TOML cannot hold both `[faults]` and `[[faults]]` in one file: a file with `[[faults]]` has no
 periodic group (kills = 0) unless the command line adds one (--kills).
 """
@@ -48,7 +52,11 @@ if TYPE_CHECKING:
     from crashbench.scenario import Scenario
 
 WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause")
-TOXIC_ATTRIBUTES = ("latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout")
+TOXIC_ATTRIBUTES = (
+    "latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout", "probability",
+)  # fmt: skip
+# The kernel's faults, in network namespaces with iptables (crashbench.faults.netns): root only.
+PARTITION_TOXICS = ("drop", "reject", "loss")
 NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", "target", *TOXIC_ATTRIBUTES)
 NETWORK_TARGETS = ("workers", "producer", "replica")
 BROKER_KEYS = ("kind", "at", "downtime")
@@ -183,13 +191,36 @@ def entry_problems(entry: dict[str, Any], n: int, workers: int, signals: tuple[s
     return p
 
 
+def _partition_problems(entry: dict[str, Any], where: str) -> list[str]:
+    p = []
+    toxic, probability = entry["toxic"], entry.get("probability")
+    if toxic == "loss" and not (isinstance(probability, int | float) and 0 < probability <= 1):
+        p.append(f"{where}: loss needs a probability, more than 0 and at most 1, not {probability!r}")
+    elif toxic != "loss" and probability is not None:
+        p.append(f"{where}: probability is for loss, not {toxic}")
+    if entry.get("direction", "both") != "both":
+        p.append(f"{where}: {toxic} is on the slot's packets both ways: direction must be both")
+    if entry.get("target", "workers") != "workers":
+        p.append(f"{where}: {toxic} is for workers (each slot in its own namespace), not target = {entry['target']!r}")
+    extra = sorted(k for k in TOXIC_ATTRIBUTES if k in entry and k != "probability")
+    if extra:
+        p.append(f"{where}: {', '.join(extra)} are attributes of the proxy's toxics, not of {toxic}")
+    return p
+
+
 def _network_problems(entry: dict[str, Any], n: int, workers: int) -> list[str]:
     from crashbench.faults.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
 
     where = f"[[faults]] network entry {n}"
     p = []
-    if entry.get("toxic") not in TOXICS:
-        p.append(f"{where}: toxic must be one of {', '.join(TOXICS)}, not {entry.get('toxic')!r}")
+    toxic = entry.get("toxic")
+    if toxic not in TOXICS and toxic not in PARTITION_TOXICS:
+        known = ", ".join((*TOXICS, *PARTITION_TOXICS))
+        p.append(f"{where}: toxic must be one of {known}, not {toxic!r}")
+    elif toxic in PARTITION_TOXICS:
+        p += _partition_problems(entry, where)
+    elif "probability" in entry:
+        p.append(f"{where}: probability is for loss (a network partition's), not for the proxy's {toxic}")
     if entry.get("direction", "both") not in DIRECTIONS:
         p.append(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, not {entry.get('direction')!r}")
     for key in ("at", "duration", *TOXIC_ATTRIBUTES):

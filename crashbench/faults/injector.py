@@ -13,19 +13,18 @@ from __future__ import annotations
 import signal
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crashbench.designs import Located
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
 from crashbench.faults.broker import Broker, Producer, wait_back
-from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.faults.proxy import ProxyProcess
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 
 if TYPE_CHECKING:
-    from crashbench.scenario import Scenario
+    from crashbench.faults.netns import Partitions
 
 Clock = Callable[[], float]
 
@@ -204,28 +203,26 @@ class BrokerFaults:
 
 
 class NetworkFaults:
-    """Network faults through the proxy (crashbench.faults.proxy): each is switched on at its start and
-    healed at its end; faults on one proxy slot at once add up. The proxy's slots: one per worker slot,
-    then the producer's (`workers`), then the replica link's (`workers + 1`).
+    """Network faults through the proxy (crashbench.faults.proxy), or as partitions (crashbench.faults.netns):
+    each is switched on at its start and healed at its end. Toxics on one proxy slot at once add up; of
+    partitions on one slot, the latest started holds. The proxy's slots: one per worker slot, then the
+    producer's (`workers`), then the replica link's (`workers + 1`).
 
     A fault on the replica link first has the harness wait until the replica confirms everything the
     primary acknowledged (`sync_replica`), so "acknowledged while the link was cut" is exact, and marks
     the producer's enqueues from then on as lagging (what a failover may lose, as with replica_lag)."""
 
     def __init__(
-        self, planned: list[Fault], proxy: ProxyProcess, clock: Clock, workers: int,
+        self, planned: list[Fault], proxy: ProxyProcess | None, clock: Clock, workers: int,
         producer: Producer | None = None, sync_replica: Callable[[], None] | None = None,
+        partitions: Partitions | None = None,
     ) -> None:  # fmt: skip
         self.waiting = deque(f for f in planned if f.kind == "network")
-        self.proxy, self.clock, self.workers = proxy, clock, workers
+        self.proxy, self.partitions, self.clock, self.workers = proxy, partitions, clock, workers
         self.producer, self.sync_replica = producer, sync_replica
         self.t0 = 0.0
         self.on: list[tuple[Fault, NetworkFaultRecord]] = []  # started, not healed
         self.records: list[NetworkFaultRecord] = []
-
-    @staticmethod
-    def slots_needed(workers: int) -> int:
-        return workers + 2
 
     def proxy_slots(self, fault: Fault) -> tuple[int, ...]:
         return {"producer": (self.workers,), "replica": (self.workers + 1,)}.get(fault.target, fault.slots)
@@ -253,23 +250,13 @@ class NetworkFaults:
                 record.healed_at = rel(self.clock(), self.t0)
                 changed |= set(self.proxy_slots(fault))
         for slot in sorted(changed):
-            self.proxy.set([slot], [f.toxic for f, _ in self.on if slot in self.proxy_slots(f)])
+            toxics = [f.toxic for f, _ in self.on if slot in self.proxy_slots(f)]
+            if self.partitions is not None:
+                if toxics:
+                    self.partitions.apply(slot, toxics[-1]["name"], toxics[-1].get("probability", 0.0))
+                else:
+                    self.partitions.heal(slot)
+            elif self.proxy is not None:
+                self.proxy.set([slot], toxics)
         if self.producer is not None and any(f.target == "replica" for f, _ in self.on):
             self.producer.lagging = True  # from the first cut on, as broker.replica_lag: what may be lost
-
-
-def start_proxy(
-    planned: list[Fault], url: str, sc: Scenario, broker: Broker | None, log: Path
-) -> tuple[ProxyProcess, str | None]:
-    """The network fault proxy in front of the server at `url`, its slots laid out as NetworkFaults
-    expects; the replica's link to its primary goes through it when a fault targets the link. Returns
-    the producer's URL through it when a fault targets the producer (else None)."""
-    proxy = proxy_for(url, NetworkFaults.slots_needed(sc.workers), log)
-    targets = {f.target for f in planned if f.kind == "network"}
-    if "replica" in targets and broker is not None:
-        try:
-            broker.relink_replica(proxy.ports[sc.workers + 1])
-        except BaseException:
-            proxy.close()
-            raise
-    return proxy, proxy.url(url, sc.workers) if "producer" in targets else None

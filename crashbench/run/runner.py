@@ -28,12 +28,12 @@ from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
-from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults, start_proxy
-from crashbench.faults.proxy import ProxyProcess
+from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import lease, workdirs
 from crashbench.run.drain import drain
 from crashbench.run.interpreter import WorkerPython
+from crashbench.run.network import RunNetwork
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor
 from crashbench.run.worker import DOWN, WorkerSpec, run_worker
@@ -115,13 +115,11 @@ class CrashRun:
         self.planned = plan(scenario)
         self.broker_faults: BrokerFaults | None = None
         self.network_faults: NetworkFaults | None = None
-        self.proxy: ProxyProcess | None = None  # started before the workers when the run has network faults
-        targets = {f.target for f in self.planned if f.kind == "network"}
-        self.proxied_workers = "workers" in targets
+        self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
+        self.external = external
         # The producer enqueues during the run when a broker fault or a network fault on it may meet it.
-        self.producing = broker is not None or "producer" in targets
+        self.producing = broker is not None or any(f.target == "producer" for f in self.planned)
         self.producer: Producer | None = None
-        self.producer_url: str | None = None  # through the proxy, when a network fault targets the producer
         parent = os.getpid()
         self.worker_python = worker_python
         spec_file = self.dir / "worker.json"
@@ -129,14 +127,16 @@ class CrashRun:
 
         def prepare(name: str, slot: int) -> Callable[[], int]:
             path = self.ledger.path_for(name)
-            # Through the network fault proxy when the run has network faults: one port per slot.
-            url = self.proxy.url(redis_url, slot) if self.proxy is not None and self.proxied_workers else None
-            if (wp := self.worker_python) is not None:
-                argv = wp.argv(str(spec_file), name, str(path), str(parent))
-                env = wp.env(url)
-                return lambda: os.execve(wp.python, argv, env)
-            spec = dataclasses.replace(wspec, redis_url=url) if url else wspec
-            return lambda: run_worker(spec, name, path, parent)
+            # Through the proxy, or from the slot's namespace, when the run has network faults.
+            url, enter = self.net.worker_url(redis_url, slot), self.net.enter
+
+            def worker() -> int:  # in the forked child
+                enter(slot)
+                if (wp := self.worker_python) is not None:
+                    os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent)), wp.env(url))
+                return run_worker(dataclasses.replace(wspec, redis_url=url) if url else wspec, name, path, parent)
+
+            return worker
 
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
         self.worker_faults = WorkerFaults(
@@ -174,17 +174,18 @@ class CrashRun:
             self.sup.stop_all(grace=self._grace())
             if self.producer is not None and self.producer.through is not None:
                 self.producer.through.close()
-            if self.proxy is not None:
-                self.proxy.close()
             self.ledger.close()
             self.client.close()
             self.raw.close()
             if self.lease is not None:
                 self.lease.close()
-            if not self.keep_dir:
-                shutil.rmtree(self.dir, ignore_errors=True)
-            else:  # marked, so that the next run's orphan sweep leaves it alone
-                workdirs.keep(self.dir)
+            try:
+                self.net.close()
+            finally:  # the workdir goes (or stays, marked) even if the network's close failed
+                if not self.keep_dir:
+                    shutil.rmtree(self.dir, ignore_errors=True)
+                else:  # marked, so that the next run's orphan sweep leaves it alone
+                    workdirs.keep(self.dir)
 
     def _grace(self) -> float:
         # SIGTERM is a graceful stop: a worker first finishes the job it is in.
@@ -193,6 +194,7 @@ class CrashRun:
     def _execute(self) -> DesignRun:
         for text in self.warnings if self.warn is not None else ():
             self.warn(text)
+        self.net = RunNetwork.start(self.planned, self.url, self.sc, self.broker, self.external, self.dir / "logs")
         self.design.setup()
         ids = job_ids(self.sc.jobs)
         if not self.producing:
@@ -204,8 +206,6 @@ class CrashRun:
                 chunk = ids[start : start + 1000]
                 self.enqueues.append((self.clock(), chunk))
                 self.design.enqueue(_jobs(chunk))
-        if any(f.kind == "network" for f in self.planned):
-            self._start_proxy()
         self.t0 = self.clock()
         self.started = time.time()
         for slot in range(self.sc.workers):
@@ -302,13 +302,13 @@ class CrashRun:
         workers, broker, network = self.worker_faults, None, None
         workers.t0 = self.t0
         through = None
-        if (url := self.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
+        if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
             through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
         producer = self.producer = Producer(_jobs(ids), self.sc.produce_s, self.t0, through) if self.producing else None
-        if self.proxy is not None:
+        if self.net.proxy is not None or self.net.partitions is not None:
             sync = self.broker.sync_replica if self.broker is not None else None
             network = self.network_faults = NetworkFaults(
-                self.planned, self.proxy, self.clock, self.sc.workers, producer, sync
+                self.planned, self.net.proxy, self.clock, self.sc.workers, producer, sync, self.net.partitions
             )
             network.t0 = self.t0
         if self.broker is not None and producer is not None:
@@ -330,11 +330,6 @@ class CrashRun:
                 broker.step(self.clock())
             waiting = workers.step(self.clock())
             time.sleep(self.TICK / 10 if waiting else self.TICK)
-
-    def _start_proxy(self) -> None:
-        self.proxy, self.producer_url = start_proxy(
-            self.planned, self.url, self.sc, self.broker, self.dir / "logs" / "proxy.log"
-        )
 
     def _reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""

@@ -208,6 +208,12 @@ class Scenario:
         targets do not mix with a broker fault (workers re-read the server's address after one and would
         bypass it), and the replica link exists only in a failover run."""
         p = []
+        network = [e for e in self.schedule if isinstance(e, dict) and e.get("kind") == "network"]
+        if {e.get("toxic") in faults.PARTITION_TOXICS for e in network} == {True, False}:
+            p.append(
+                "[[faults]]: a run uses the proxy's toxics or network partitions (drop, reject, loss), not both: "
+                "a worker in a namespace cannot reach the proxy"
+            )
         for n, e in enumerate(self.schedule, 1):
             if not isinstance(e, dict) or e.get("kind") != "network":
                 continue

@@ -1,0 +1,102 @@
+"""The network between a run's workers and its server, when the run has network faults. Two ways, one
+per run:
+
+- the fault proxy (crashbench.faults.proxy) for Toxiproxy's toxics: one port per worker slot, then the
+  producer's and the replica link's (the layout NetworkFaults expects); no root needed;
+- one Linux network namespace per worker slot (crashbench.faults.netns) for the kernel's own faults:
+  drop (a partition), reject, loss. Root and iptables needed, and a server crashbench started, since the
+  server must also listen on the namespaces' addresses (CONFIG SET bind, protected-mode).
+
+Workers connect through whichever the run uses (`worker_url`, and `enter` in the forked worker); without
+network faults, directly. The harness's own connection never goes through either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from crashbench.errors import UsageError
+from crashbench.faults import PARTITION_TOXICS, Fault
+from crashbench.faults.proxy import ProxyProcess, proxy_for
+
+if TYPE_CHECKING:
+    from crashbench.faults.broker import Broker
+    from crashbench.faults.netns import Partitions
+    from crashbench.scenario import Scenario
+
+
+class RunNetwork:
+    def __init__(self) -> None:
+        self.proxy: ProxyProcess | None = None
+        self.partitions: Partitions | None = None
+        self.producer_url: str | None = None  # through the proxy, when a fault targets the producer
+        self.proxied_workers = False
+        self._url = ""
+        self._before: dict[str, str] | None = None  # the server's bind and protected-mode, to restore
+
+    @classmethod
+    def start(
+        cls, planned: list[Fault], url: str, sc: Scenario, broker: Broker | None, external: bool, logs: Path
+    ) -> RunNetwork:
+        """What the run's network faults need, started; nothing without any. Closed by `close`, also when
+        starting fails half-way."""
+        self = cls()
+        self._url = url
+        faults = [f for f in planned if f.kind == "network"]
+        try:
+            if any(f.toxic["name"] in PARTITION_TOXICS for f in faults):
+                self._partition(sc.workers, external)
+            elif faults:
+                self._proxy(faults, url, sc.workers, broker, logs)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _partition(self, workers: int, external: bool) -> None:
+        from crashbench.faults import netns  # iptables and namespaces: only for the runs that use them
+
+        if external:
+            raise UsageError(
+                "network partitions (drop, reject, loss) need a server crashbench starts: the server must "
+                "also listen on the workers' namespace addresses, and crashbench changes no server it does "
+                "not own",
+                hint="leave out --redis-url, or use the proxy's toxics (timeout is a half-open connection)",
+            )
+        self.partitions = netns.Partitions.create(workers)
+        self._before = netns.bind_server(self._url, self.partitions.host_addresses)
+
+    def _proxy(self, faults: list[Fault], url: str, workers: int, broker: Broker | None, logs: Path) -> None:
+        targets = {f.target for f in faults}
+        self.proxy = proxy_for(url, workers + 2, logs / "proxy.log")
+        self.proxied_workers = "workers" in targets
+        if "replica" in targets and broker is not None:
+            broker.relink_replica(self.proxy.ports[workers + 1])
+        if "producer" in targets:
+            self.producer_url = self.proxy.url(url, workers)
+
+    def worker_url(self, url: str, slot: int) -> str | None:
+        """The URL the worker in `slot` connects to, or None: `url` itself."""
+        if self.proxy is not None and self.proxied_workers:
+            return self.proxy.url(url, slot)
+        if self.partitions is not None:
+            return self.partitions.worker_url(url, slot)
+        return None
+
+    def enter(self, slot: int) -> None:
+        """In the forked worker, before it connects: into its slot's namespace, with partitions."""
+        if self.partitions is not None:
+            self.partitions.enter(slot)
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.partitions is not None:
+            from crashbench.faults import netns
+
+            try:
+                if self._before is not None:
+                    netns.restore_server(self._url, self._before)
+            finally:
+                self.partitions.close()
