@@ -62,6 +62,7 @@ footer{margin-top:28px;color:var(--muted);font-size:12px}
 .fault.pause line,.fault.pause path{stroke:#6a3d9a}.pause-span{fill:#6a3d9a;fill-opacity:.16}
 .band rect{fill:#f4a6a6;fill-opacity:.35;stroke:#d04040;stroke-dasharray:4 3}.band text{fill:#a01010;font-size:11px}
 .band.failover rect{fill:#f6d88a}.band.network rect{fill:#9ecae1;fill-opacity:.45;stroke:#3182bd}
+.band.network.elsewhere rect{fill-opacity:.12;stroke-dasharray:4 3}
 .band-label{fill:#1f5f8b;font-size:11px}
 .event line{stroke:#6b7280;stroke-dasharray:3 3}.event text{fill:#4b5563;font-size:10.5px}
 .recovery path{stroke:#1a9850;stroke-width:1.6;fill:none}
@@ -130,7 +131,7 @@ def _ms_range(values: list[float]) -> str:
     )
 
 
-def headline(c: Counts, drawn: lanes.Lanes) -> str:
+def headline(c: Counts, drawn: lanes.Lanes, others: int = 0) -> str:
     """One sentence a reader gets the run from without reading the chart."""
     parts = []
     if c.enqueued and c.done == c.enqueued:
@@ -141,9 +142,10 @@ def headline(c: Counts, drawn: lanes.Lanes) -> str:
                       ("failed", "failed"), ("duplicated", "done twice or more")):  # fmt: skip
         if getattr(c, key):
             parts.append(f'<span class="bad">{getattr(c, key):,} {word}</span>')
-    faults = f"{c.kills} fault{'s' if c.kills != 1 else ''}"
+    n = c.kills + others  # `others`: the broker's and the network's faults
+    faults = f"{n} fault{'s' if n != 1 else ''}"
     if c.kills:
-        faults += f" ({c.kills_mid_job} mid-job)"
+        faults += f" ({c.kills} on workers, {c.kills_mid_job} mid-job)" if others else f" ({c.kills_mid_job} mid-job)"
     parts.append(faults)
     if drawn.recoveries:
         parts.append(f"hit jobs started again after {_ms_range(drawn.recoveries)}")
@@ -184,7 +186,8 @@ def _section(result: Result, run: DesignRun | None, tl: Timeline, scale: Scale, 
         f'<h2>{esc(name)}{design}{repeat}<span class="badge {status}">{status}</span></h2>',
     ]
     if run is not None:
-        out.append(f'<p class="headline">{headline(run.counts, drawn)}</p>')
+        others = len(run.network_faults) + (run.broker_fault is not None)
+        out.append(f'<p class="headline">{headline(run.counts, drawn, others)}</p>')
     if drawn.aggregated:
         bucket = (scale.t1 - scale.t0) / max(20, int((scale.x1 - scale.x0) / 4))
         out.append(

@@ -275,6 +275,12 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
                     f'height="{num(g.lane_h)}"/></g>'
                 )
         on = "" if nf.target == "workers" else f" on the {'producer' if nf.target == 'producer' else 'replica link'}"
+        if on:  # not on a lane: a faint band across them all, for when it was on
+            out.append(
+                f'<g class="band network elsewhere {esc(nf.toxic)}"><title>network {esc(nf.toxic)}{on}, '
+                f'{nf.at:.3f} s to {end:.3f} s</title><rect x="{num(x0)}" y="{num(y0)}" '
+                f'width="{num(max(x1 - x0, 2))}" height="{num(y1 - y0)}"/></g>'
+            )
         out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}{on}</text>')
     for m in tl.marks:
         if m.what in ("replica_cut", "failover", "drain"):

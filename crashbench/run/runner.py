@@ -224,6 +224,7 @@ class CrashRun:
             lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S, self.TICK,
         )  # fmt: skip
         drained_at = self.clock()
+        self._sample_depth(drained_at)  # the depth chart ends on a reading, not on the last one held over
 
         self.phase = "counting"
         self._report(force=True)
