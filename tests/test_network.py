@@ -19,6 +19,7 @@ from crashbench.errors import UsageError
 from crashbench.faults import netns
 from crashbench.faults.broker import Through
 from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.report import html
 from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
@@ -115,11 +116,16 @@ def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that
     sc = dataclasses.replace(
         small, jobs=200, job_ms=2, workers=2, kills=0, schedule=(cut,), produce_s=0.8, socket_timeout=0.3
     )
-    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    result = run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
+    run = result.runs[0]
     c, (nf,) = run.counts, run.network_faults
     assert run.problems == [] and nf.target == "producer" and nf.slots == [] and nf.resume_ms is not None
     assert (c.indeterminate, c.recovered, c.unconfirmed) == (20, landed, 20 - landed)
     assert c.lost == c.duplicated == c.stranded == 0 and c.done == 180 + landed
+    # The report draws it off the lanes, for its span, and counts it among the faults.
+    page = html.render(result, [run.timeline])  # type: ignore[list-item]
+    assert page.count('class="band network elsewhere timeout"') == 1 and "network timeout on the producer" in page
+    assert "· 1 fault</p>" in page
 
 
 def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_acknowledged_since(
