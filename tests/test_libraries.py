@@ -107,8 +107,13 @@ def test_huey_loses_exactly_the_tasks_a_killed_worker_was_running(small: Scenari
     assert c.kills_mid_job == 3, run.kills
     killed = [j for k in run.kills for j in k.jobs]
     assert all(k.job == k.jobs[-1] and len(k.jobs) <= threads for k in run.kills)
-    assert c.lost == c.interrupted == c.unrecovered == len(killed) == len(set(killed))
-    assert set(run.jobs["lost"]) == set(killed) and (threads == 1 or len(killed) > 3)
+    assert c.interrupted == c.unrecovered == len(killed) == len(set(killed))
+    assert set(killed) <= set(run.jobs["lost"]) and (threads == 1 or len(killed) > 3)
+    # Under load, another thread of the victim may have RPOPped a task and not yet started it: lost as
+    # well, and never run at all (no execution in any ledger); at most one per other thread per kill.
+    taken = set(run.jobs["lost"]) - set(killed)
+    assert c.lost == len(killed) + len(taken) and len(taken) <= (threads - 1) * c.kills
+    assert run.timeline is not None and not {ex.job for ex in run.timeline.executions} & taken
     assert (c.stranded, c.duplicated) == (0, 0)
     assert c.done == c.enqueued - c.lost
 
