@@ -1,33 +1,25 @@
-"""What the network fault proxy costs with no toxic on: jobs/s of the reliable design with its workers
-connected directly and through the proxy (a fault that heals 10 ms after the start puts them behind it
-and leaves nothing on), 4 workers, no kills; with 0 ms jobs (the queue's own cost, the worst case) and
-with the default 10 ms jobs. Median of REPEATS runs each; the ratio is through / direct."""
+"""What the network fault proxy costs with no toxic on: `crashbench bench --proxy`'s figure alone (the
+reliable design's jobs/s, 4 workers connected directly and through the proxy, 0 ms and 10 ms jobs, the
+median of REPEATS measurements each; crashbench.bench.proxy), on a private server."""
 
 from __future__ import annotations
 
-import statistics
 import sys
 
-from crashbench import scenario
-from crashbench.run.session import Options, run_designs
+from crashbench.bench import BenchSettings, run_bench
 
 REPEATS = 3
-THROUGH = {"kind": "network", "toxic": "latency", "latency": 0, "at": 0.0, "duration": 0.01}
-
-
-def jobs_per_s(job_ms: float, jobs: int, through: bool) -> float:
-    sc = scenario.load("default").with_overrides(job_ms=job_ms, jobs=jobs, kills=0)
-    if through:
-        sc = sc.with_overrides(schedule=(THROUGH,))
-    return run_designs(sc, ["reliable"], Options()).runs[0].timings.jobs_per_s
+JOBS = 10_000  # of 0 ms jobs per measurement; a tenth as many of 10 ms ones
 
 
 def main() -> int:
-    for job_ms, jobs in ((0.0, 10_000), (10.0, 2_000)):
-        direct = statistics.median(jobs_per_s(job_ms, jobs, False) for _ in range(REPEATS))
-        through = statistics.median(jobs_per_s(job_ms, jobs, True) for _ in range(REPEATS))
-        ratio = through / direct
-        print(f"{job_ms:g} ms jobs: {direct:.0f} jobs/s direct, {through:.0f} through the proxy (x{ratio:.2f})")
+    settings = BenchSettings(designs=(), jobs=JOBS, repeat=REPEATS, memory_jobs=0, proxy=True)
+    for c in run_bench(settings).proxy:
+        d, t = c.direct, c.through
+        print(
+            f"{c.job_ms:g} ms jobs: {d.median:.0f} jobs/s direct, {t.median:.0f} through the proxy (x{c.ratio:.2f}; "
+            f"direct {d.min:.0f}-{d.max:.0f}, through {t.min:.0f}-{t.max:.0f})"
+        )
     return 0
 
 

@@ -14,12 +14,14 @@ One measurement (design x worker count x repeat), on the session's server, under
 4. bare loop: the same N jobs again, run by workers that only fetch and ack (worker.run_bare): no
    ledger, no handler; jobs/s the same way. harness / bare is the overhead ratio.
 Restart (SIGKILL an idle worker -> its replacement READY, as in every crash run) is measured per design,
-and the memory of 1M queued jobs once, for a list and a stream backlog (the guide's step 4).
+and the memory of 1M queued jobs once, for a list and a stream backlog (the guide's step 4). With
+`proxy`, the network fault proxy's cost with no toxic on too (crashbench.bench.proxy).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -34,6 +36,7 @@ from pathlib import Path
 import psutil
 import redis
 
+from crashbench.bench import proxy
 from crashbench.bench.memory import memory
 from crashbench.bench.results import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
@@ -77,7 +80,9 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 class _Session:
     """The workers and prefix of one measurement; everything is stopped and cleaned in `close`."""
 
-    def __init__(self, server: ServerInfo, spec: str, settings: BenchSettings, workers: int, tag: str) -> None:
+    def __init__(
+        self, server: ServerInfo, spec: str, settings: BenchSettings, workers: int, tag: str, urls: Sequence[str] = ()
+    ) -> None:
         self.server = server
         self.cls = load_design(spec)
         self.prefix = f"crashbench:{tag}:{safe_name(spec)}:"
@@ -86,6 +91,8 @@ class _Session:
         self.design: Design = self.cls(self.client, self.prefix, dsettings)
         self.design.setup()
         self.wspec = WorkerSpec(server.url, self.cls, self.prefix, dsettings, Workload(job_ms=settings.job_ms))
+        # Each slot's own server URL when given (through the network fault proxy: `bench --proxy`).
+        wspecs = [dataclasses.replace(self.wspec, redis_url=url) for url in urls]
         self.dir = workdirs.make("bench", memory=True)
         (self.dir / "ledger").mkdir()
         self.ledger = Ledger(self.dir / "ledger")
@@ -96,11 +103,12 @@ class _Session:
 
         def prepare(name: str, slot: int) -> Callable[[], int]:
             gate = self.gate[0] if self.gate else None
+            wspec = wspecs[slot] if wspecs else self.wspec
             if self.bare:
                 out = self.dir / f"{name}.bare"
-                return lambda: run_bare(self.wspec, name, out, parent, gate)
+                return lambda: run_bare(wspec, name, out, parent, gate)
             path = self.ledger.path_for(name)
-            return lambda: run_worker(self.wspec, name, path, parent, gate)
+            return lambda: run_worker(wspec, name, path, parent, gate)
 
         # One supervisor for every phase, so worker names (and ledger files) never repeat.
         self.sup = Supervisor(prepare, self.dir, time.monotonic)
@@ -125,6 +133,20 @@ class _Session:
         os.close(read)
         self.gate = None
         return opened
+
+    def run_queued(self, n: int, sample: Callable[[], None] = lambda: None) -> float:
+        """crashbench's workers on `n` queued jobs, let go at once: seconds from the go to the last end.
+        Parsing the ledger while they run would put the runner's own work into the figure on a 2-core
+        machine: end records are counted as bytes meanwhile, parsed once at the end."""
+        started = self.start(bare=False, gated=True)
+        opened = self.open_gate(started)
+        counter = _EndCounter([self.ledger.path_for(w.name) for w in started])
+        try:
+            _wait(lambda: counter.count() >= n, lambda: None, sample, every=POLL)
+        finally:
+            counter.close()
+        self.ledger.poll()
+        return max(e.end for e in self.ledger.executions if e.end is not None) - opened
 
     def wait_ready(self, started: list[WorkerProcess]) -> None:
         _wait(lambda: all(self.ledger.ready_at(w.name) is not None for w in started), self.ledger.poll)
@@ -232,17 +254,7 @@ def measure(server: ServerInfo, spec: str, settings: BenchSettings, workers: int
                 with contextlib.suppress(psutil.Error):
                     peak[0] = max(peak[0], server_proc.memory_info().rss)
 
-        started = s.start(bare=False, gated=True)
-        opened = s.open_gate(started)
-        # Parsing the ledger while the workers run would put the runner's own work into the figure on a
-        # 2-core machine: count end records as bytes meanwhile, parse once at the end.
-        counter = _EndCounter([s.ledger.path_for(w.name) for w in started])
-        try:
-            _wait(lambda: counter.count() >= n, lambda: None, sample, every=POLL)
-        finally:
-            counter.close()
-        s.ledger.poll()
-        wall = max(e.end for e in s.ledger.executions if e.end is not None) - opened
+        wall = s.run_queued(n, sample)
         s.stop()  # every call the workers sent has returned: the count is complete
         after = _commandstats(s.client)
         server_cpu1 = _cpu(server.pid)
@@ -313,6 +325,16 @@ def _bare(s: _Session, settings: BenchSettings) -> float:
     return n / (last - opened)
 
 
+def jobs_per_s(server: ServerInfo, spec: str, settings: BenchSettings, tag: str, urls: Sequence[str]) -> float:
+    """The throughput phase alone: N queued jobs, one of crashbench's workers per URL, each on its own."""
+    s = _Session(server, spec, settings, len(urls), tag, urls)
+    try:
+        _enqueue(s.design, _jobs("t", settings.jobs, settings.high_share))
+        return settings.jobs / s.run_queued(settings.jobs)
+    finally:
+        s.close()
+
+
 def restarts(server: ServerInfo, spec: str, settings: BenchSettings, tag: str) -> Restart:
     """SIGKILL an idle worker and start its replacement, as a crash run does: kill -> replacement READY."""
     s = _Session(server, spec, settings, 2, tag)
@@ -349,6 +371,8 @@ def run_bench(
     _stop.raised = False
     with _stop.installed(), open_server(redis_url, server_binary) as server:
         try:
+            # First: a server the proxy cannot front (a unix socket) fails the bench now, not at its end.
+            costs = proxy.costs(server, settings, jobs_per_s, run_id, progress) if settings.proxy else []
             measurements: list[Measurement] = []
             for spec in settings.designs:
                 for workers in settings.workers:
@@ -369,5 +393,5 @@ def run_bench(
                     cleanup_keys(server.url, f"crashbench:{run_id}:")
     return BenchResult(
         new_id(run_id), now_iso(), settings, measurements, summarize(measurements), restart, mem, env,
-        round(time.monotonic() - started, 2),
+        round(time.monotonic() - started, 2), costs,
     )  # fmt: skip

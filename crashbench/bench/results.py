@@ -28,6 +28,7 @@ class BenchSettings:
     restarts: int = 5
     memory_jobs: int = 100_000  # backlog size the memory per 1M jobs is extrapolated from; 0 = skip
     batch_size: int = 10
+    proxy: bool = False  # also the network fault proxy's cost with no toxic on (crashbench.bench.proxy)
 
 
 @dataclass(slots=True)
@@ -94,6 +95,22 @@ class Memory:
 
 
 @dataclass(slots=True)
+class ProxyCost:
+    """A design's jobs/s with its workers connected directly and through the network fault proxy with
+    no toxic on, over the repeats; `ratio` is through / direct, of the medians."""
+
+    design: str
+    workers: int
+    job_ms: float
+    jobs: int
+    direct: Stats
+    through: Stats
+    ratio: float
+    direct_samples: list[float]
+    through_samples: list[float]
+
+
+@dataclass(slots=True)
 class BenchResult:
     id: str
     created: str
@@ -104,6 +121,7 @@ class BenchResult:
     memory: list[Memory]
     environment: Environment
     wall_s: float
+    proxy: list[ProxyCost] = dataclasses.field(default_factory=list)  # with BenchSettings.proxy
     schema: str = BENCH_SCHEMA
     schema_version: int = BENCH_SCHEMA_VERSION
 

@@ -58,6 +58,11 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
     show_default=True,
     help="Backlog size the memory per 1M queued jobs is measured on; 0 = skip.",
 )
+@click.option(
+    "--proxy",
+    is_flag=True,
+    help="Also measure the network fault proxy's cost with no toxic on: reliable's jobs/s, 4 workers, direct and through it, 0 and 10 ms jobs.",
+)
 @base.REDIS_URL
 @base.SERVER
 @base.OUT
@@ -72,6 +77,7 @@ def bench(
     repeat: int,
     batch_size: int,
     memory_jobs: int,
+    proxy: bool,
     redis_url: str | None,
     server_binary: str | None,
     out_path: Path,
@@ -79,15 +85,17 @@ def bench(
     plain: bool,
 ) -> None:
     """Throughput and cost of each design without faults: jobs/s against a bare loop of the design's own
-    commands, enqueue rate, latency, Redis commands per job, CPU, server memory, worker restart time."""
+    commands, enqueue rate, latency, Redis commands per job, CPU, server memory, worker restart time;
+    with --proxy, what the network fault proxy costs the workers with no toxic on."""
     base.configure_output({"plain": plain})
     names = tuple(d.strip() for d in designs.split(",") if d.strip())
     if not names:
         raise UsageError("--designs is empty")
     store.check_out(out_path)  # before the run, not after minutes of measuring
     settings = BenchSettings(
-        names, int_list(workers_text, "--workers"), jobs, job_ms, repeat, batch_size=batch_size, memory_jobs=memory_jobs
-    )
+        names, int_list(workers_text, "--workers"), jobs, job_ms, repeat, batch_size=batch_size,
+        memory_jobs=memory_jobs, proxy=proxy,
+    )  # fmt: skip
     show = (
         (lambda line: base.err.print(f"[dim]{line}[/]", highlight=False))
         if base.err.is_terminal and not as_json

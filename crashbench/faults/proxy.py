@@ -47,13 +47,22 @@ from crashbench.errors import RunAborted, UsageError
 TOXICS = ("latency", "bandwidth", "slicer", "limit_data", "timeout", "reset_peer", "down")
 DIRECTIONS = ("upstream", "downstream", "both")
 
+# Every socket is read into this one buffer: a chunk is sent on, or what a socket did not take copied,
+# before the next read, so nothing holds on to it. asyncio's transports, which the proxy used before,
+# allocate a fresh 256 KiB per read, which glibc serves with mmap, mremap and munmap: three system calls
+# per chunk, half the proxy's CPU with no toxic on. The same size, so a toxic meets the same chunks.
+_buffer = bytearray(256 * 1024)
+_view = memoryview(_buffer)
+RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST, not a FIN
+
 
 @dataclass
 class Slot:
     port: int = 0
     toxics: list[dict[str, Any]] = field(default_factory=list)
     conns: set[Conn] = field(default_factory=set)
-    server: asyncio.Server | None = None
+    listener: socket.socket | None = None
+    slow: frozenset[str] = frozenset()  # directions with a toxic on: their chunks go through the queue
 
     def active(self, name: str, direction: str) -> dict[str, Any] | None:
         for t in self.toxics:
@@ -72,49 +81,28 @@ class Slot:
             return t["timeout"] / 1000
         return None
 
-    def any_active(self, direction: str) -> bool:
-        return any(t.get("direction", "both") in (direction, "both") for t in self.toxics)
 
-
-class Side(asyncio.Protocol):
-    """One socket of a proxied connection: what it receives goes to the other side, in `direction`."""
-
-    def __init__(self, conn: Conn, direction: str) -> None:
-        self.conn, self.direction = conn, direction
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.forward(self.direction, data)
-
-    def eof_received(self) -> bool:
-        self.conn.close()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.close()
-
-    # A slow reader on the other side holds this side's reading back, as TCP would.
-    def pause_writing(self) -> None:
-        if (t := self.conn.other(self)) is not None:
-            t.pause_reading()
-
-    def resume_writing(self) -> None:
-        if (t := self.conn.other(self)) is not None:
-            t.resume_reading()
+def _tuned(sock: socket.socket) -> socket.socket:
+    # Non-blocking for the loop; TCP_NODELAY (as asyncio's transports): the traffic is small requests and
+    # answers, and Nagle's algorithm would hold each one back until the previous one is acknowledged.
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class Conn:
-    """A worker's connection through the proxy: its client side and the server side. Without a toxic
-    on a direction, data goes straight through (no task, no copy); with one, through a queue that a
-    task works off applying the toxics, in order."""
+    """A worker's connection through the proxy: its client socket and the server socket, read with the
+    loop's reader callbacks. Without a toxic on a direction a chunk is sent on as soon as it is read (no
+    task, no copy); with one, it is copied into a queue that a task works off applying the toxics, in
+    order. What a socket does not take at once waits in `unsent`, and the other socket is not read
+    meanwhile: a slow reader holds the sender back, as TCP would. The server socket is None until
+    it is connected; the client's is not read until then."""
 
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-        self.client = Side(self, "upstream")  # receives from the worker
-        self.server = Side(self, "downstream")  # receives from the server
+    def __init__(self, slot: Slot, client: socket.socket) -> None:
+        self.slot, self.client, self.loop = slot, client, asyncio.get_running_loop()
+        self.src: dict[str, socket.socket | None] = {"upstream": client, "downstream": None}
+        self.dst: dict[str, socket.socket | None] = {"upstream": None, "downstream": client}
+        self.unsent = {"upstream": bytearray(), "downstream": bytearray()}
         self.queues: dict[str, deque[bytes]] = {"upstream": deque(), "downstream": deque()}
         self.draining: set[str] = set()
         self.sent = {"upstream": 0, "downstream": 0}  # bytes, per direction (limit_data)
@@ -122,35 +110,77 @@ class Conn:
         self.tasks: set[asyncio.Task[None]] = set()  # referenced until done
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = self.loop.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def other(self, side: Side) -> asyncio.Transport | None:
-        return (self.server if side is self.client else self.client).transport
+    def start(self, server: socket.socket) -> None:
+        self.src["downstream"] = self.dst["upstream"] = server
+        self.loop.add_reader(self.client.fileno(), self.readable, "upstream")
+        self.loop.add_reader(server.fileno(), self.readable, "downstream")
 
-    def target(self, direction: str) -> asyncio.Transport | None:
-        return (self.server if direction == "upstream" else self.client).transport
-
-    def forward(self, direction: str, data: bytes) -> None:
-        out = self.target(direction)
-        if out is not None and not self.slot.any_active(direction) and direction not in self.draining:
-            self.sent[direction] += len(data)
-            out.write(data)
+    def readable(self, direction: str) -> None:
+        sock = self.src[direction]
+        assert sock is not None
+        try:
+            n = sock.recv_into(_buffer)
+        except (BlockingIOError, InterruptedError):
             return
-        self.queues[direction].append(data)
-        if direction not in self.draining:
-            self.draining.add(direction)
-            self.spawn(self.drain(direction))
+        except OSError:
+            n = 0  # reset by its peer: the connection ends, as on an end of file
+        if not n:
+            self.close()
+        elif direction in self.slot.slow or direction in self.draining:
+            self.queues[direction].append(bytes(_view[:n]))
+            if direction not in self.draining:
+                self.draining.add(direction)
+                self.spawn(self.drain(direction))
+        else:
+            self.sent[direction] += n
+            self.write(direction, _view[:n])
+
+    def write(self, direction: str, data: bytes | memoryview) -> None:
+        out, unsent = self.dst[direction], self.unsent[direction]
+        if self.closed or out is None or not data:
+            return
+        if not unsent:
+            try:
+                n = out.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self.close()
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            self.loop.add_writer(out.fileno(), self.writable, direction)
+            if (src := self.src[direction]) is not None:
+                self.loop.remove_reader(src.fileno())
+        unsent += data
+
+    def writable(self, direction: str) -> None:
+        out, unsent = self.dst[direction], self.unsent[direction]
+        assert out is not None
+        try:
+            del unsent[: out.send(unsent)]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # its peer is gone, and so is the connection
+            unsent.clear()
+            self.close()
+        if unsent or out.fileno() < 0:
+            return
+        self.loop.remove_writer(out.fileno())
+        if self.closed:
+            _shut(self.loop, out)  # flushed: now it can close
+        elif (src := self.src[direction]) is not None:
+            self.loop.add_reader(src.fileno(), self.readable, direction)
 
     async def drain(self, direction: str) -> None:
         slot, queue = self.slot, self.queues[direction]
         try:
             while queue and not self.closed:
-                out = self.target(direction)
-                if out is None:  # the server side is still connecting
-                    await asyncio.sleep(0.001)
-                    continue
                 data = queue.popleft()
                 if slot.active("timeout", direction) is not None:
                     continue  # swallowed: the peer waits for an answer that never comes
@@ -161,7 +191,7 @@ class Conn:
                     await asyncio.sleep(len(data) / (t["rate"] * 1024))
                 sent = self.sent[direction]
                 if (t := slot.active("limit_data", direction)) is not None and sent + len(data) > t["bytes"]:
-                    out.write(data[: max(0, t["bytes"] - sent)])
+                    self.write(direction, data[: max(0, t["bytes"] - sent)])
                     self.reset()
                     return
                 self.sent[direction] = sent + len(data)
@@ -169,64 +199,98 @@ class Conn:
                     size, variation = max(1, t.get("average_size", 64)), t.get("size_variation", 0)
                     while data and not self.closed:
                         n = max(1, size + random.randint(-variation, variation))
-                        out.write(data[:n])
+                        self.write(direction, data[:n])
                         data = data[n:]
                         await asyncio.sleep(t.get("delay", 0) / 1e6)
                 else:
-                    out.write(data)
+                    self.write(direction, data)
         finally:
             self.draining.discard(direction)
 
     def close(self) -> None:
+        """Close both sides with a FIN, each once what it had to send went; what a toxic held is dropped."""
         if self.closed:
             return
         self.closed = True
         self.slot.conns.discard(self)
-        for side in (self.client, self.server):
-            if side.transport is not None:
-                side.transport.close()
+        for direction, sock in self.dst.items():
+            if sock is not None and sock.fileno() >= 0:
+                self.loop.remove_reader(sock.fileno())
+                if not self.unsent[direction]:  # else writable() closes it once flushed
+                    _shut(self.loop, sock)
 
     def reset(self) -> None:
         """Close both sides with an RST, as a peer that vanished would."""
         self.closed = True
         self.slot.conns.discard(self)
-        for side in (self.client, self.server):
-            t = side.transport
-            if t is None:
-                continue
-            sock = t.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            t.abort()
+        for sock in self.dst.values():
+            if sock is not None and sock.fileno() >= 0:
+                _shut(self.loop, sock, rst=True)
+
+
+def _shut(loop: asyncio.AbstractEventLoop, sock: socket.socket, rst: bool = False) -> None:
+    # Off the selector first: a closed descriptor's number is soon another socket's.
+    loop.remove_reader(sock.fileno())
+    loop.remove_writer(sock.fileno())
+    if rst:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RST)
+    sock.close()
 
 
 class Proxy:
     def __init__(self, host: str, port: int, slots: int) -> None:
         self.host, self.port = host, port
         self.slots = [Slot() for _ in range(slots)]
+        self.addresses: list[tuple[Any, ...]] = []  # the server's, resolved at the first connection
 
-    async def listen(self, slot: Slot) -> None:
-        loop = asyncio.get_running_loop()
-        slot.server = await loop.create_server(lambda: self.accept(slot), "127.0.0.1", slot.port, reuse_address=True)
-        slot.port = slot.server.sockets[0].getsockname()[1]
+    def listen(self, slot: Slot) -> None:
+        sock = socket.create_server(("127.0.0.1", slot.port), backlog=100)  # SO_REUSEADDR: the same port after down
+        sock.setblocking(False)
+        slot.port, slot.listener = sock.getsockname()[1], sock
+        self.rearm(slot, sock)
 
-    def accept(self, slot: Slot) -> Side:
-        conn = Conn(slot)
-        slot.conns.add(conn)
-        loop = asyncio.get_running_loop()
+    def rearm(self, slot: Slot, listener: socket.socket) -> None:
+        if slot.listener is listener:  # not closed (down) meanwhile
+            asyncio.get_running_loop().add_reader(listener.fileno(), self.accept, slot, listener)
 
-        async def connect() -> None:
+    def accept(self, slot: Slot, listener: socket.socket) -> None:
+        for _ in range(100):
             try:
-                await loop.create_connection(lambda: conn.server, self.host, self.port)
-            except OSError:
-                conn.reset()
+                client, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            if (after := slot.reset_after()) is not None:
-                loop.call_later(after, conn.reset)
+            except OSError:  # out of descriptors, say: retry in a while, not in a busy loop (as asyncio)
+                asyncio.get_running_loop().remove_reader(listener.fileno())
+                asyncio.get_running_loop().call_later(1.0, self.rearm, slot, listener)
+                return
+            conn = Conn(slot, _tuned(client))
+            slot.conns.add(conn)
+            conn.spawn(self.connect(conn))
 
-        conn.spawn(connect())
-        return conn.client
+    async def connect(self, conn: Conn) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if not self.addresses:
+                self.addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError:
+            conn.reset()
+            return
+        for family, kind, proto, _, address in self.addresses:
+            server = _tuned(socket.socket(family, kind, proto))
+            try:
+                await loop.sock_connect(server, address)
+            except OSError:
+                server.close()
+                continue
+            if conn.closed:  # reset while it connected (the slot went down)
+                server.close()
+                return
+            conn.start(server)
+            if (after := conn.slot.reset_after()) is not None:
+                loop.call_later(after, conn.reset)
+            return
+        conn.reset()
 
     async def set(self, slots: list[int], toxics: list[dict[str, Any]]) -> None:
         for t in toxics:
@@ -236,19 +300,21 @@ class Proxy:
             slot = self.slots[i]
             was_down = slot.active("down", "both") is not None
             slot.toxics = list(toxics)
+            on = {t.get("direction", "both") for t in toxics}
+            slot.slow = frozenset(d for d in ("upstream", "downstream") if on & {d, "both"})
             down = slot.active("down", "both") is not None
-            if down and not was_down and slot.server is not None:
-                slot.server.close()
-                slot.server = None
+            if down and not was_down and slot.listener is not None:
+                _shut(asyncio.get_running_loop(), slot.listener)  # connections not yet accepted get an RST
+                slot.listener = None
             if (after := slot.reset_after()) is not None:
                 for conn in list(slot.conns):
                     asyncio.get_running_loop().call_later(after, conn.reset)
             if was_down and not down:
-                await self.listen(slot)  # the same port again
+                self.listen(slot)  # the same port again
 
     async def serve(self) -> None:
         for slot in self.slots:
-            await self.listen(slot)
+            self.listen(slot)
         print("READY " + " ".join(str(s.port) for s in self.slots), flush=True)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()

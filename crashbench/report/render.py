@@ -229,7 +229,23 @@ def bench_tables(result: BenchResult, plain: bool = False) -> Group:
         for m in result.memory:
             memory.add_row(m.structure, f"{m.jobs:,} jobs", f"{m.bytes_per_job:.1f}", f"{m.mb_per_million:.0f} MB")
         parts.append(memory)
+    if result.proxy:
+        parts.append(proxy_table(result, style))
     return Group(*parts)
+
+
+def proxy_table(result: BenchResult, style: box.Box) -> Table:
+    """bench --proxy: jobs/s with the workers connected directly and through the network fault proxy."""
+    title = f"network fault proxy, no toxic on: jobs/s, median of {result.settings.repeat} (min-max in the JSON)"
+    table = Table(title=title, title_justify="left", box=style)
+    for name in ("design", "workers", "job ms", "jobs", "direct", "through proxy", "through/direct"):
+        table.add_column(name, justify="left" if name == "design" else "right")
+    for c in result.proxy:
+        table.add_row(
+            c.design, str(c.workers), f"{c.job_ms:g}", f"{c.jobs:,}", f"{c.direct.median:,.0f}",
+            f"{c.through.median:,.0f}", f"{c.ratio:.2f}x",
+        )  # fmt: skip
+    return table
 
 
 def _opt(v: float | None) -> str:
