@@ -184,7 +184,8 @@ def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
         assert proc.returncode == 130, stderr
         assert "interrupted" in stderr and "Traceback" not in stderr
         assert wait_until_gone(tag, seen) == []
-        assert set(client.scan_iter(match="crashbench:*")) == before  # its jobs were deleted
+        # Its jobs were deleted: no key it made is left (an earlier test's alive key may expire meanwhile).
+        assert set(client.scan_iter(match="crashbench:*")) - before == set()
     finally:
         client.close()
 
