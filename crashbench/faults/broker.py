@@ -70,6 +70,15 @@ class Broker:
         self.sync_replica()
         self._promote(self.replica)
 
+    def pause_writes(self, ms: int = 2000) -> None:
+        """Every client's writes wait (CLIENT PAUSE WRITE, reads go on) for at most `ms`: the reading
+        taken next is a snapshot. Called just before the server's fault, which ends the pause."""
+        client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
+        try:
+            client.execute_command("CLIENT", "PAUSE", ms, "WRITE")
+        finally:
+            client.close()
+
     def sync_replica(self) -> None:
         """Until the replica confirms every write the primary acknowledged so far (the harness's own
         WAIT, bounded), so that a cut made next is exact: what the primary acknowledges from then on,

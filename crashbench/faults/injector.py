@@ -175,7 +175,10 @@ class BrokerFaults:
             self.producer.lagging = True
         if self.record is None and now >= due:
             # The harness's own reading of what the server holds as it dies: nothing runs in this
-            # loop between this read and the fault, and workers only take jobs away meanwhile.
+            # loop between this read and the fault, and every client's writes wait meanwhile, so the
+            # reading is a snapshot (a job moving into a key the reading's SCAN had not listed yet
+            # would otherwise be read nowhere). The fault ends the pause.
+            self.broker.pause_writes()
             held = set(self.locate().held)
             self.held_at_fault = held
             now = self.clock()
