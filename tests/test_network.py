@@ -1,5 +1,6 @@
-"""Network faults: the fault proxy's toxics on a real server, and a real run whose workers meet a
-half-open connection, with and without socket timeouts."""
+"""Network faults in real runs: half-open connections with and without socket timeouts, the producer
+and a failover's replica link cut off, real partitions (where the machine can), and the refusals of
+what cannot be made. The proxy's toxics byte by byte are in test_proxy.py."""
 
 from __future__ import annotations
 
@@ -31,45 +32,6 @@ def proxy(valkey_url: str, tmp_path: Path) -> ProxyProcess:
     px = proxy_for(valkey_url, 2, tmp_path / "proxy.log")
     yield px
     px.close()
-
-
-def client(px: ProxyProcess, url: str, slot: int = 0) -> redis.Redis:
-    return redis.Redis.from_url(px.url(url, slot), socket_timeout=0.5, socket_connect_timeout=0.5)
-
-
-def test_the_proxy_forwards_and_each_toxic_does_what_toxiproxy_s_does(proxy: ProxyProcess, valkey_url: str) -> None:
-    assert client(proxy, valkey_url).ping() and client(proxy, valkey_url, 1).ping()
-
-    proxy.set([0], [{"name": "latency", "latency": 100}])  # both directions: 2 x 100 ms per round trip
-    started = time.monotonic()
-    assert client(proxy, valkey_url).ping() and time.monotonic() - started >= 0.2
-    assert client(proxy, valkey_url, 1).ping()  # the other slot is untouched
-
-    held = client(proxy, valkey_url)
-    held.ping()
-    proxy.set([0], [{"name": "timeout", "timeout": 0}])  # half-open: nothing goes through, nothing closes
-    with pytest.raises(redis.TimeoutError):
-        held.ping()
-    proxy.set([0], [])
-    assert client(proxy, valkey_url).ping()  # healed
-
-    held = client(proxy, valkey_url)
-    held.ping()
-    proxy.set([0], [{"name": "reset_peer", "timeout": 0}])
-    time.sleep(0.05)
-    with pytest.raises(redis.ConnectionError, match="reset"):
-        held.ping()
-    proxy.set([0], [{"name": "down"}])
-    with pytest.raises(redis.ConnectionError, match="refused"):
-        client(proxy, valkey_url).ping()
-    proxy.set([0], [])
-    assert client(proxy, valkey_url).ping()  # listening again, on the same port
-
-    proxy.set([0], [{"name": "limit_data", "direction": "downstream", "bytes": 1000}])
-    limited = client(proxy, valkey_url)
-    assert limited.ping()  # the connection's handshake and +PONG: well under 1,000 bytes
-    with pytest.raises(redis.ConnectionError):
-        limited.echo("x" * 2000)  # the answer passes the limit: the connection is cut
 
 
 def test_a_toxic_the_proxy_does_not_know_is_refused(proxy: ProxyProcess) -> None:
