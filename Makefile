@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench saboteurs scenarios inspector-cost libraries network report-screenshot clean
+.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries network report-screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 	    r = unavailable(); r and print("skipped", sys.argv[1] + ":", r); sys.exit(1 if r else 0)' $$s || continue;; esac; \
 	  $(BIN)/crashbench check --scenario $$s --plain $$wp --out results/scenarios; \
 	  $(BIN)/crashbench recount latest --dir results/scenarios; done
+
+bench-scale: $(STAMP)  ## the scale table (issue 16): crash runs of 2,000 / 100,000 / 1,000,000 jobs, crashbench's own peak RSS, restart, counting
+	$(BIN)/python bench/scale.py
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py results/readme/saboteurs
