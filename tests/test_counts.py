@@ -40,6 +40,7 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
         "lost": {"f"},
         "unconfirmed": set(),
         "library_disagrees": set(),
+        "duplicated": {"b"},  # not an outcome class: completed more than once
     }
     assert (c.failed_attempts, c.retried) == (1, 0)
     assert c.stranded_at == {"pel": 1, "processing": 1}

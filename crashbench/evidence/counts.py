@@ -12,7 +12,7 @@ unconfirmed (its enqueue errored). Everything else counts events, not jobs. The 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from crashbench.designs import DesignSettings, Located, QueueState
@@ -114,7 +114,7 @@ def classify(
     `last_raised`: ids whose last execution raised. `cut_off`: the drain hit its bound while the
     queue still made progress, so what it holds is a backlog (undrained), not stranded."""
     ids = set(enqueued)
-    done = {j for j in ids if completed[j] > 0}
+    done = ids & {j for j, n in completed.items() if n > 0}
     dead = (set(located.dead) & ids) - done
     held = (set(located.held) & ids) - done - dead
     gone = ids - done - dead - held
@@ -125,6 +125,26 @@ def classify(
         "undrained": held if cut_off else set(), "failed": failed,
         "lost": gone - failed - unconfirmed, "unconfirmed": unconfirmed,
     }  # fmt: skip
+
+
+class _Completions(Mapping[str, list[Execution]]):
+    """Each completed job's completed executions, from count()'s compact form, without a list per job."""
+
+    def __init__(self, first: dict[str, Execution], more: dict[str, list[Execution]]) -> None:
+        self.first, self.more = first, more
+
+    def __getitem__(self, job: str) -> list[Execution]:
+        return self.more.get(job) or [self.first[job]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.first)
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+def _fails_any(workload: Workload) -> bool:
+    return bool(workload.poison_rate or workload.transient_rate)
 
 
 def library_disagrees(completed: Collection[str], located: Located) -> set[str]:
@@ -174,26 +194,45 @@ def count(
     drained: bool = True,  # False: the drain gave up with jobs still held
     cut_off: bool = False,  # the drain hit its bound while the queue still made progress (not drained)
 ) -> tuple[Counts, dict[str, set[str]]]:
-    """The counts, and the ids behind each outcome class (and behind library_disagrees, which is not one)."""
+    """The counts, and the ids behind each outcome class (and behind library_disagrees and duplicated,
+    which are not outcome classes)."""
     queue = queue or QueueState()
-    completions: dict[str, list[Execution]] = {}
-    starts: dict[str, list[float]] = {}
+    runs = executions if isinstance(executions, list) else list(executions)
+    # One pass, one dict entry per completed job (a million jobs: most run once). A job's other
+    # executions (interrupted, raised) are few; starts and the last execution are gathered in a second
+    # pass only for the jobs that need them: those that raised, or all with a broker fault.
+    first: dict[str, Execution] = {}  # a job's first completed execution
+    more: dict[str, list[Execution]] = {}  # every completed execution of a job completed more than once
     failed_runs: list[Execution] = []
-    last: dict[str, Execution] = {}
-    n_exec = interrupted = 0
-    for ex in executions:
-        n_exec += 1
-        starts.setdefault(ex.job, []).append(ex.start)
-        if ex.job not in last or ex.start >= last[ex.job].start:
-            last[ex.job] = ex
+    others: set[str] = set()  # jobs with an execution that did not complete
+    interrupted = 0
+    for ex in runs:
         if ex.end is None:
             interrupted += 1
+            others.add(ex.job)
         elif ex.failed:
             failed_runs.append(ex)
+            others.add(ex.job)
+        elif ex.job not in first:
+            first[ex.job] = ex
+        elif ex.job in more:
+            more[ex.job].append(ex)
         else:
-            completions.setdefault(ex.job, []).append(ex)
+            more[ex.job] = [first[ex.job], ex]
+    need = None if broker_fault is not None else {ex.job for ex in failed_runs}
+    starts: dict[str, list[float]] = {}
+    last: dict[str, Execution] = {}
+    if need is None or need:
+        for ex in runs:
+            if need is None or ex.job in need:
+                starts.setdefault(ex.job, []).append(ex.start)
+                if ex.job not in last or ex.start >= last[ex.job].start:
+                    last[ex.job] = ex
     ids = set(enqueued)
-    completed = Counter({j: len(runs) for j, runs in completions.items()})
+    completed: Counter[str] = Counter()
+    completed.update(dict.fromkeys(first, 1))
+    completed.update({j: len(r) - 1 for j, r in more.items()})
+    completions = _Completions(first, more)
     last_raised = {j for j, ex in last.items() if ex.failed}
     classes = classify(ids, completed, last_raised, located, drops_failed, indeterminate, cut_off)
     classes["library_disagrees"] = library_disagrees(completions, located) & ids
@@ -202,13 +241,14 @@ def count(
         # Completed before the server was back, started again after the fault and after that
         # completion: the server never kept (or never got) the ack.
         fault, back = broker_fault
-        for j, runs in completions.items():
-            ends = [r.end for r in runs if r.end is not None and r.end < back]
+        for j in first:
+            ends = [r.end for r in completions[j] if r.end is not None and r.end < back]
             if ends and any(t > max(fault, min(ends)) for t in starts[j]):
                 acks_lost += 1
     where = Counter(located.held[j][0].split(":")[0] for j in classes["stranded"])
-    dups = [j for j in ids if completed[j] > 1]
-    overlapping = sum(1 for j in dups if _overlapping(completions[j]))
+    dups = [j for j in more if j in ids]
+    overlapping = sum(1 for j in dups if _overlapping(more[j]))
+    classes["duplicated"] = set(more)  # not an outcome class: every job completed more than once
     first_failure: dict[str, float] = {}
     for ex in failed_runs:
         first_failure[ex.job] = min(first_failure.get(ex.job, ex.start), ex.start)
@@ -232,14 +272,15 @@ def count(
         dead_lettered_poison=len(classes["dead_lettered"] & queue.poisoned),
         requeued=len(queue.requeued & ids),
         requeue_events=queue.requeue_events,
-        unexpected=len(set(starts) - ids),
-        executions=n_exec,
+        unexpected=len((first.keys() | others) - ids),
+        executions=len(runs),
         interrupted=interrupted,
         kills=kills,
         kills_mid_job=kills_mid_job,
-        poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload else 0,
-        transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload else 0,
-        failing_jobs=sum(1 for j in ids if workload.fails(j, 1)) if workload else 0,
+        # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
+        poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload and workload.poison_rate else 0,
+        transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload and workload.transient_rate else 0,
+        failing_jobs=sum(1 for j in ids if workload.fails(j, 1)) if workload and _fails_any(workload) else 0,
         stranded_at=dict(sorted(where.items())),
         indeterminate=len(set(indeterminate) & ids),
         recovered=len(set(indeterminate) & classes["done"]),
