@@ -73,31 +73,19 @@ class Broker:
     def pause_writes(self, ms: int = 2000) -> None:
         """Every client's writes wait (CLIENT PAUSE WRITE, reads go on) for at most `ms`: the reading
         taken next is a snapshot. Called just before the server's fault, which ends the pause."""
-        client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
-        try:
-            client.execute_command("CLIENT", "PAUSE", ms, "WRITE")
-        finally:
-            client.close()
+        _command(self.primary.url, "CLIENT", "PAUSE", ms, "WRITE")
 
     def sync_replica(self) -> None:
         """Until the replica confirms every write the primary acknowledged so far (the harness's own
         WAIT, bounded), so that a cut made next is exact: what the primary acknowledges from then on,
         and only that, misses the replica."""
-        client = redis.Redis.from_url(self.primary.url, socket_timeout=5)
-        try:
-            client.execute_command("WAIT", 1, 1000)
-        finally:
-            client.close()
+        _command(self.primary.url, "WAIT", 1, 1000)
 
     def relink_replica(self, port: int) -> None:
         """The replica follows the primary through 127.0.0.1:`port` (the network fault proxy's
         replica-link slot) from now on; returns once it is in sync again."""
         assert self.replica is not None
-        client = redis.Redis.from_url(self.replica.url, socket_timeout=5)
-        try:
-            client.replicaof("127.0.0.1", port)
-        finally:
-            client.close()
+        _command(self.replica.url, "REPLICAOF", "127.0.0.1", port)
         _wait_in_sync(self.replica.url)
         self.sync_replica()
 
@@ -111,11 +99,7 @@ class Broker:
 
     @staticmethod
     def _promote(server: EmbeddedServer) -> None:
-        client = redis.Redis.from_url(server.url, socket_timeout=5)
-        try:
-            client.replicaof("NO", "ONE")
-        finally:
-            client.close()
+        _command(server.url, "REPLICAOF", "NO", "ONE")
 
 
 class Through:
@@ -201,6 +185,15 @@ class Producer:
                 else:
                     ok = True
             self.chunks.append((now, [job.id for job in chunk], ok, ok and self.lagging))
+
+
+def _command(url: str, *args: str | int) -> None:
+    """One command of the harness's to a server of the run, on a connection of its own."""
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        client.execute_command(*args)
+    finally:
+        client.close()
 
 
 def producer_client(url: str, socket_timeout: float) -> redis.Redis:
