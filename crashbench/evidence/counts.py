@@ -143,10 +143,6 @@ class _Completions(Mapping[str, list[Execution]]):
         return len(self.first)
 
 
-def _fails_any(workload: Workload) -> bool:
-    return bool(workload.poison_rate or workload.transient_rate)
-
-
 def library_disagrees(completed: Collection[str], located: Located) -> set[str]:
     """Jobs whose library record contradicts the ledger: recorded failed (or timed out) although a
     handler of the job completed, or recorded done although none did."""
@@ -229,6 +225,8 @@ def count(
                 if ex.job not in last or ex.start >= last[ex.job].start:
                     last[ex.job] = ex
     ids = set(enqueued)
+    # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
+    failing = workload if workload is not None and (workload.poison_rate or workload.transient_rate) else None
     completed: Counter[str] = Counter()
     completed.update(dict.fromkeys(first, 1))
     completed.update({j: len(r) - 1 for j, r in more.items()})
@@ -277,10 +275,9 @@ def count(
         interrupted=interrupted,
         kills=kills,
         kills_mid_job=kills_mid_job,
-        # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
-        poison_jobs=sum(1 for j in ids if workload.is_poison(j)) if workload and workload.poison_rate else 0,
-        transient_jobs=sum(1 for j in ids if workload.is_transient(j)) if workload and workload.transient_rate else 0,
-        failing_jobs=sum(1 for j in ids if workload.fails(j, 1)) if workload and _fails_any(workload) else 0,
+        poison_jobs=sum(1 for j in ids if failing.is_poison(j)) if failing else 0,
+        transient_jobs=sum(1 for j in ids if failing.is_transient(j)) if failing else 0,
+        failing_jobs=sum(1 for j in ids if failing.fails(j, 1)) if failing else 0,
         stranded_at=dict(sorted(where.items())),
         indeterminate=len(set(indeterminate) & ids),
         recovered=len(set(indeterminate) & classes["done"]),
