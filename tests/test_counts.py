@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from crashbench.designs import DesignSettings, Located, QueueState
+from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
 from crashbench.evidence.ledger import Execution
 from crashbench.run.workload import Workload, job_ids
@@ -161,3 +164,13 @@ def test_library_disagrees_names_failures_of_completed_jobs_and_successes_never_
     assert (c.library_disagrees, classes["library_disagrees"]) == (2, {"a", "b"})
     agreeing, _ = count(["a", "d"], [ex("a"), ex("d")], where())
     assert agreeing.library_disagrees == 0
+
+
+def test_every_saved_result_with_a_timeline_recounts_to_what_the_code_of_its_day_saved() -> None:
+    """The README's result files were counted by the code of their day (before the counts moved to
+    columns and job codes): counting their timelines again today gives every count, timing and id."""
+    saved = [p for p in sorted(Path("results/readme").rglob("*.json")) if p.with_suffix(".timeline.jsonl.gz").exists()]
+    assert len(saved) >= 10
+    for path in saved:
+        again = recount.recount(*recount.load(str(path)))
+        assert again and all(not r.differences for r in again), path

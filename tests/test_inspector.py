@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis
 
 from crashbench.designs import DesignSettings
 from crashbench.designs.reliable import ReliableQueue
-from crashbench.evidence import inspector
+from crashbench.evidence import depth, inspector
 
 
 def test_every_key_type_is_read_and_only_the_run_s_keys(client: redis.Redis, valkey_url: str) -> None:
@@ -55,3 +56,31 @@ def test_a_design_locates_its_jobs_by_its_own_key_roles(client: redis.Redis, val
     located = q.locate(inspector.take(inspector.raw_client(valkey_url), q.key_patterns()))
     assert located.held == {"000001": ["parked", "pending"], "000002": ["processing:w1"], "000003": ["delayed"]}
     assert located.delayed == {"000003"} and located.dead == {"000004": ["dead"]}
+
+
+def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
+    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The depth chart's reading, a key at a time and CHUNK entries at a time (so a million waiting jobs
+    cost a byte each), against the whole reading it stands for: the same pending, delayed and dead."""
+    monkeypatch.setattr(inspector, "CHUNK", 7)  # every key below spans several pieces
+    q = ReliableQueue(client, "insp:4:", DesignSettings())
+
+    def entry(i: int, attempts: int = 0) -> str:
+        return json.dumps({"id": f"{i:06d}", "payload": "", "attempts": attempts})
+
+    client.rpush("insp:4:pending", *[entry(i) for i in range(40)])
+    client.rpush("insp:4:processing:w1", entry(40), entry(41))
+    client.zadd("insp:4:delayed", {entry(i, 1): float(i) for i in range(50, 65)})
+    client.rpush("insp:4:dead", *[entry(i, 3) for i in range(70, 80)])
+    client.rpush("insp:4:parked", entry(3))  # a job in two places counts once
+    raw = inspector.raw_client(valkey_url)
+    inside = {"000040"}
+    whole = q.locate(inspector.take(raw, q.key_patterns()))
+    expected = (
+        sum(1 for j in whole.held if j not in whole.delayed and j not in inside), len(whole.delayed), len(whole.dead)
+    )  # fmt: skip
+    found = depth.read(q, raw, inside)
+    assert (found.pending, found.delayed, found.dead) == expected == (41, 15, 10)
+    # A list comes CHUNK entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).
+    assert max(len(p.items) for p in inspector.pieces(raw, q.key_patterns()) if p.type == "list") == 7

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.evidence import ledger as ledger_module
 from crashbench.evidence.ledger import Ledger, LedgerWriter
 
 
@@ -84,7 +85,7 @@ def test_two_threads_interleaved_in_one_file_are_paired_exactly(tmp_path: Path) 
     assert {runs[j].xid for j in ("b", "b2")} == {b.ident}
     assert {ex.pid for ex in ledger.executions} == {os.getpid()}
     assert [ex.job for ex in ledger.open_in("w0")] == ["a3", "b2"]
-    assert ledger.inside("w0") is runs["b2"]  # the most recently started
+    assert ledger.inside("w0") == runs["b2"]  # the most recently started
     assert ledger.problems == []
     assert ledger.ready_at("w0") == 0.5
 
@@ -277,3 +278,20 @@ def test_an_empty_ack_is_an_n_record_and_a_batch_s_answers_go_with_their_jobs(tm
         ("a", 2.0, False), ("b", 2.0, True), ("c", 2.0, False),
     ]  # fmt: skip
     assert ledger.problems == []
+
+
+def test_a_worker_far_ahead_of_the_polls_is_read_in_bounded_pieces_and_nothing_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One poll reads a worker's file READ_MAX bytes at a time (so a backlog of records never becomes
+    a line object each at once), a record cut between two reads included."""
+    monkeypatch.setattr(ledger_module, "READ_MAX", 50)
+    ledger = ledger_with(tmp_path, "w0")
+    append(tmp_path / "w0.ledger", "".join(f"S {i:06d} {i}.0 1 2\nE {i:06d} {i}.5 1 2\n" for i in range(100)))
+    reads = []
+    read = Ledger._read
+    monkeypatch.setattr(Ledger, "_read", lambda self, *a: reads.append(n := read(self, *a)) or n)
+    ledger.poll()
+    assert ledger.done == 100 and len(ledger.executions) == 100 and not ledger.problems
+    assert [(ex.job, ex.end) for ex in ledger.executions][-1] == ("000099", 99.5)
+    assert len(reads) > 50 and max(reads) == 50

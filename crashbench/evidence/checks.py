@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from crashbench.designs import Located, QueueState
 from crashbench.evidence.counts import Problem
-from crashbench.evidence.ledger import Execution, LedgerProblem
+from crashbench.evidence.executions import FAILED, Execution, Executions
+from crashbench.evidence.ledger import LedgerProblem
+from crashbench.jobids import JobIds
 
 CAP = 100  # ids named per problem
 
@@ -50,20 +52,21 @@ class Evidence:
 
 def check(ev: Evidence) -> list[Problem]:
     out: list[Problem] = []
-    enqueued = set(ev.enqueued)
+    enqueued = JobIds.of(ev.enqueued)  # `in` without a set of every id
+    runs = Executions.of(ev.executions)
     out += _state_types(ev.state)
     out += _state_against_snapshot(ev.state, ev.located)
     out += _held_twice(ev.located)
     out += _backlog(ev.drained, ev.located)
     found = set(ev.located.held) | set(ev.located.dead) | ev.located.failed
-    if stray := found - enqueued:
+    if stray := {j for j in found if j not in enqueued}:
         out.append(
             Problem("never_enqueued", f"Redis holds {len(stray)} job id(s) the harness never enqueued", _ids(stray))
         )
     out += _requeues(ev.state)
     if not ev.own_worker:
-        out += _failed_without_record(ev.state, ev.located, ev.executions)
-    out += _kills(ev.kills, ev.executions)
+        out += _failed_without_record(ev.state, ev.located, runs)
+    out += _kills(ev.kills, runs)
     out += [_ledger(p) for p in ev.ledger_problems]
     if ev.acknowledged is not None and ev.indeterminate is not None:
         out += _enqueues(enqueued, set(ev.acknowledged), set(ev.indeterminate))
@@ -112,13 +115,14 @@ def _requeues(state: QueueState) -> list[Problem]:
     return _when("requeue_events_below", short, f"{{n}} job(s) reported requeued by {state.requeue_events} requeue(s)")
 
 
-def _failed_without_record(state: QueueState, located: Located, executions: Sequence[Execution]) -> list[Problem]:
-    none = (set(state.failed) | located.failed) - {ex.job for ex in executions if ex.failed}
+def _failed_without_record(state: QueueState, located: Located, runs: Executions) -> list[Problem]:
+    none = (set(state.failed) | located.failed) - {runs.job(r) for r, f in enumerate(runs.flags) if f & FAILED}
     return _when("failed_without_record", none, "{n} job(s) recorded failed whose handler never raised")
 
 
-def _kills(kills: Sequence[KillFact], executions: Sequence[Execution]) -> list[Problem]:
-    open_at = {(ex.worker, ex.job) for ex in executions if ex.end is None}
+def _kills(kills: Sequence[KillFact], runs: Executions) -> list[Problem]:
+    interrupted_rows = [r for r, end in enumerate(runs.ends) if end != end]  # NaN: never ended
+    open_at = {(runs.worker(r), runs.job(r)) for r in interrupted_rows}
     hits = [k for k in kills if k.signal == "SIGKILL" and k.mid_job]
     missing = [k for k in hits if (k.worker, k.job) not in open_at]
     names = ", ".join(f"{k.worker}/{k.job}" for k in missing)
@@ -127,7 +131,7 @@ def _kills(kills: Sequence[KillFact], executions: Sequence[Execution]) -> list[P
         {str(k.job) for k in missing},
         f"{len(missing)} mid-job SIGKILL(s) left no unfinished execution of the job in the victim's ledger ({names})",
     )
-    interrupted = sum(1 for ex in executions if ex.end is None)
+    interrupted = len(interrupted_rows)
     if interrupted < len(hits):
         message = f"{interrupted} interrupted execution(s) for {len(hits)} mid-job SIGKILL(s)"
         out.append(Problem("interrupted_below_kills", message))
@@ -138,13 +142,17 @@ def _ledger(p: LedgerProblem) -> Problem:
     return Problem(f"ledger_{p.kind}", f"{p.worker}: {p.detail}", [p.job] if p.job else [])
 
 
-def _enqueues(enqueued: set[str], acknowledged: set[str], indeterminate: set[str]) -> list[Problem]:
+def _enqueues(enqueued: JobIds, acknowledged: set[str], indeterminate: set[str]) -> list[Problem]:
     return [
         *_when("enqueue_both", acknowledged & indeterminate, "{n} enqueue(s) both acknowledged and indeterminate"),
         *_when(
             "enqueue_unaccounted",
-            enqueued - acknowledged - indeterminate,
+            {j for j in enqueued if j not in acknowledged and j not in indeterminate},
             "{n} job(s) neither acknowledged nor indeterminate",
         ),
-        *_when("enqueue_extra", (acknowledged | indeterminate) - enqueued, "{n} enqueue(s) of ids not in the job list"),
+        *_when(
+            "enqueue_extra",
+            {j for j in acknowledged | indeterminate if j not in enqueued},
+            "{n} enqueue(s) of ids not in the job list",
+        ),
     ]

@@ -11,12 +11,16 @@ unconfirmed (its enqueue errored). Everything else counts events, not jobs. The 
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from crashbench import jobids
 from crashbench.designs import DesignSettings, Located, QueueState
-from crashbench.evidence.ledger import Execution
+from crashbench.evidence.executions import FAILED, Execution, Executions
+from crashbench.jobids import JobIds
 from crashbench.run.workload import Workload
 
 
@@ -127,27 +131,67 @@ def classify(
     }  # fmt: skip
 
 
-class _Completions(Mapping[str, list[Execution]]):
-    """Each completed job's completed executions, from count()'s compact form, without a list per job."""
+class _Enqueued:
+    """The enqueued ids as positions 0..n-1, and per position how many times the job completed (a
+    byte, saturating at 255; exact counts come from the rows): no set or dict of a million ids."""
 
-    def __init__(self, first: dict[str, Execution], more: dict[str, list[Execution]]) -> None:
-        self.first, self.more = first, more
+    def __init__(self, enqueued: Collection[str]) -> None:
+        ids = JobIds.of(enqueued)
+        if isinstance(ids.codes, range):
+            self.codes: range | array[int] = ids.codes
+            self.base, self.lookup = ids.codes.start, None
+        else:  # a test's ids, or enqueues that did not follow each other: a dict, once per id
+            self.codes = array("q", dict.fromkeys(ids.codes))
+            self.base, self.lookup = 0, {c: p for p, c in enumerate(self.codes)}
+        self.n = len(self.codes)
+        self.times = bytearray(self.n)
 
-    def __getitem__(self, job: str) -> list[Execution]:
-        return self.more.get(job) or [self.first[job]]
+    def pos(self, c: int) -> int:
+        if self.lookup is not None:
+            return self.lookup.get(c, -1)
+        p = c - self.base
+        return p if 0 <= p < self.n else -1
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.first)
+    def has(self, job: str) -> bool:
+        c = jobids.known(job)
+        return c is not None and self.pos(c) >= 0
+
+    def done(self, job: str) -> bool:
+        c = jobids.known(job)
+        p = -1 if c is None else self.pos(c)
+        return p >= 0 and self.times[p] > 0
+
+    def where(self, value_is: Callable[[int], bool]) -> Iterator[int]:
+        """The codes at the positions whose count satisfies `value_is`, found by bytes.find (C speed):
+        the jobs not done, or done twice, are few."""
+        table = bytes(1 if value_is(v) else 0 for v in range(256))
+        marks = self.times.translate(table)
+        p = marks.find(1)
+        while p >= 0:
+            yield self.codes[p]
+            p = marks.find(1, p + 1)
+
+
+class _Done(AbstractSet[str]):
+    """The enqueued jobs that completed, as a set view over the counts."""
+
+    def __init__(self, enq: _Enqueued) -> None:
+        self.enq = enq
+
+    def __contains__(self, job: object) -> bool:
+        return isinstance(job, str) and self.enq.done(job)
 
     def __len__(self) -> int:
-        return len(self.first)
+        return self.enq.n - self.enq.times.count(0)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(jobids.name, self.enq.where(lambda v: v > 0))
 
 
 def library_disagrees(completed: Collection[str], located: Located) -> set[str]:
     """Jobs whose library record contradicts the ledger: recorded failed (or timed out) although a
     handler of the job completed, or recorded done although none did."""
-    done = set(completed)
-    return (located.failed & done) | (located.succeeded - done)
+    return {j for j in located.failed if j in completed} | {j for j in located.succeeded if j not in completed}
 
 
 def _overlapping(runs: list[Execution]) -> bool:
@@ -189,72 +233,82 @@ def count(
     broker_fault: tuple[float, float] | None = None,  # (struck, server back), harness clock
     drained: bool = True,  # False: the drain gave up with jobs still held
     cut_off: bool = False,  # the drain hit its bound while the queue still made progress (not drained)
-) -> tuple[Counts, dict[str, set[str]]]:
+) -> tuple[Counts, dict[str, AbstractSet[str]]]:
     """The counts, and the ids behind each outcome class (and behind library_disagrees and duplicated,
     which are not outcome classes)."""
     queue = queue or QueueState()
-    runs = executions if isinstance(executions, list) else list(executions)
-    # One pass, one dict entry per completed job (a million jobs: most run once). A job's other
-    # executions (interrupted, raised) are few; starts and the last execution are gathered in a second
-    # pass only for the jobs that need them: those that raised, or all with a broker fault.
-    first: dict[str, Execution] = {}  # a job's first completed execution
-    more: dict[str, list[Execution]] = {}  # every completed execution of a job completed more than once
-    failed_runs: list[Execution] = []
-    others: set[str] = set()  # jobs with an execution that did not complete
+    runs = Executions.of(executions)
+    enq = _Enqueued(enqueued)
+    # One pass over the columns counts each enqueued job's completions in a byte (a million jobs:
+    # most run once). The jobs that need their executions one by one are few: those completed twice,
+    # those with an execution that did not complete; their rows are gathered in a second pass (all
+    # jobs' with a broker fault, whose acks_lost looks at every completed job).
+    times, stray = enq.times, Counter[int]()
+    others: set[int] = set()  # codes with an execution that did not complete
+    failed_rows: list[int] = []
     interrupted = 0
-    for ex in runs:
-        if ex.end is None:
+    pos = enq.pos
+    for row, (c, end, flags) in enumerate(zip(runs.jobs, runs.ends, runs.flags, strict=True)):
+        if end != end:  # NaN: interrupted
             interrupted += 1
-            others.add(ex.job)
-        elif ex.failed:
-            failed_runs.append(ex)
-            others.add(ex.job)
-        elif ex.job not in first:
-            first[ex.job] = ex
-        elif ex.job in more:
-            more[ex.job].append(ex)
-        else:
-            more[ex.job] = [first[ex.job], ex]
-    need = None if broker_fault is not None else {ex.job for ex in failed_runs}
-    starts: dict[str, list[float]] = {}
-    last: dict[str, Execution] = {}
+            others.add(c)
+        elif flags & FAILED:
+            failed_rows.append(row)
+            others.add(c)
+        elif (p := pos(c)) < 0:
+            stray[c] += 1
+        elif times[p] < 255:
+            times[p] += 1
+    twice = {*enq.where(lambda v: v > 1), *(c for c, n in stray.items() if n > 1)}
+    need = None if broker_fault is not None else twice | {runs.jobs[r] for r in failed_rows}
+    starts: dict[int, list[float]] = {}
+    last: dict[int, int] = {}  # code -> its last-started row
+    completions: dict[int, list[int]] = {}  # code -> its completed rows
     if need is None or need:
-        for ex in runs:
-            if need is None or ex.job in need:
-                starts.setdefault(ex.job, []).append(ex.start)
-                if ex.job not in last or ex.start >= last[ex.job].start:
-                    last[ex.job] = ex
-    ids = set(enqueued)
-    # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
-    failing = workload if workload is not None and (workload.poison_rate or workload.transient_rate) else None
-    completed: Counter[str] = Counter()
-    completed.update(dict.fromkeys(first, 1))
-    completed.update({j: len(r) - 1 for j, r in more.items()})
-    completions = _Completions(first, more)
-    last_raised = {j for j, ex in last.items() if ex.failed}
-    classes = classify(ids, completed, last_raised, located, drops_failed, indeterminate, cut_off)
-    classes["library_disagrees"] = library_disagrees(completions, located) & ids
+        for row, (c, start, end, flags) in enumerate(zip(runs.jobs, runs.starts, runs.ends, runs.flags, strict=True)):
+            if need is None or c in need:
+                starts.setdefault(c, []).append(start)
+                if c not in last or start >= runs.starts[last[c]]:
+                    last[c] = row
+                if end == end and not flags & FAILED:
+                    completions.setdefault(c, []).append(row)
+    name = jobids.name
+    done = _Done(enq)
+    last_raised = {name(c) for c, row in last.items() if runs.flags[row] & FAILED}
+    # Every class but done is decided among the jobs not done, which are few.
+    undone = [name(c) for c in enq.where(lambda v: v == 0)]
+    classes: dict[str, AbstractSet[str]] = {
+        **classify(undone, Counter(), last_raised, located, drops_failed, indeterminate, cut_off),
+        "done": done,
+    }
+    classes["library_disagrees"] = {j for j in library_disagrees(done, located) if enq.has(j)}
     acks_lost = 0
     if broker_fault is not None:
         # Completed before the server was back, started again after the fault and after that
         # completion: the server never kept (or never got) the ack.
         fault, back = broker_fault
-        for j in first:
-            ends = [r.end for r in completions[j] if r.end is not None and r.end < back]
-            if ends and any(t > max(fault, min(ends)) for t in starts[j]):
+        for c, rows in completions.items():
+            ends = [runs.ends[r] for r in rows if runs.ends[r] < back]
+            if ends and any(t > max(fault, min(ends)) for t in starts[c]):
                 acks_lost += 1
     where = Counter(located.held[j][0].split(":")[0] for j in classes["stranded"])
-    dups = [j for j in more if j in ids]
-    overlapping = sum(1 for j in dups if _overlapping(more[j]))
-    classes["duplicated"] = set(more)  # not an outcome class: every job completed more than once
-    first_failure: dict[str, float] = {}
-    for ex in failed_runs:
-        first_failure[ex.job] = min(first_failure.get(ex.job, ex.start), ex.start)
-    retried = {j for j, t in first_failure.items() if any(s > t for s in starts[j])}
-    early = _early_retries(failed_runs, starts, settings) if settings else 0
+    dups = [c for c in twice if pos(c) >= 0]
+    overlapping = sum(1 for c in dups if _overlapping([runs.row(r) for r in completions[c]]))
+    classes["duplicated"] = {name(c) for c in twice}  # not an outcome class: every job completed more than once
+    first_failure: dict[int, float] = {}
+    for row in failed_rows:
+        c, start = runs.jobs[row], runs.starts[row]
+        first_failure[c] = min(first_failure.get(c, start), start)
+    retried = {c for c, t in first_failure.items() if any(s > t for s in starts[c]) and pos(c) >= 0}
+    failed_execs = [runs.row(r) for r in failed_rows]
+    early = _early_retries(failed_execs, {name(c): ts for c, ts in starts.items()}, settings) if settings else 0
+    indeterminate_ids = {j for j in set(indeterminate) if enq.has(j)}
+    # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
+    failing = workload if workload is not None and (workload.poison_rate or workload.transient_rate) else None
+    ids = JobIds(enq.codes)
     counts = Counts(
-        enqueued=len(ids),
-        done=len(classes["done"]),
+        enqueued=enq.n,
+        done=len(done),
         dead_lettered=len(classes["dead_lettered"]),
         stranded=len(classes["stranded"]),
         failed=len(classes["failed"]),
@@ -263,14 +317,14 @@ def count(
         duplicated=len(dups),
         duplicated_overlapping=overlapping,
         duplicated_sequential=len(dups) - overlapping,
-        extra_executions=sum(completed[j] - 1 for j in dups),
-        failed_attempts=len(failed_runs),
-        retried=len(retried & ids),
+        extra_executions=sum(len(completions[c]) - 1 for c in dups),
+        failed_attempts=len(failed_rows),
+        retried=len(retried),
         early_retries=early,
         dead_lettered_poison=len(classes["dead_lettered"] & queue.poisoned),
-        requeued=len(queue.requeued & ids),
+        requeued=sum(1 for j in queue.requeued if enq.has(j)),
         requeue_events=queue.requeue_events,
-        unexpected=len((first.keys() | others) - ids),
+        unexpected=len({*stray, *(c for c in others if pos(c) < 0)}),
         executions=len(runs),
         interrupted=interrupted,
         kills=kills,
@@ -279,8 +333,8 @@ def count(
         transient_jobs=sum(1 for j in ids if failing.is_transient(j)) if failing else 0,
         failing_jobs=sum(1 for j in ids if failing.fails(j, 1)) if failing else 0,
         stranded_at=dict(sorted(where.items())),
-        indeterminate=len(set(indeterminate) & ids),
-        recovered=len(set(indeterminate) & classes["done"]),
+        indeterminate=len(indeterminate_ids),
+        recovered=sum(1 for j in indeterminate_ids if j in done),
         acks_lost=acks_lost,
         # Every entry still held, a completed job's included (a stream entry never acked): at least 1.
         undrained=0 if drained and not cut_off else max(1, len(located.held)),

@@ -69,6 +69,33 @@ class Snapshot:
 def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
     """Every key matching `patterns` (SCAN MATCH), read in full. `client` must not decode responses."""
     started = time.perf_counter()
+    keys = {text: _read(client, name, text, kind) for name, text, kind in _listing(client, patterns)}
+    return Snapshot(keys, time.perf_counter() - started)
+
+
+def pieces(client: redis.Redis, patterns: Sequence[str]) -> Iterator[StoredKey]:
+    """The same reading as `take`, one key at a time, and a list, set, sorted set or hash CHUNK entries
+    at a time: for a reading that only counts (the depth chart), whose memory must not grow with the
+    backlog (a million waiting jobs). A stream comes whole: its groups and entries belong together."""
+    for name, text, kind in _listing(client, patterns):
+        if kind == "list":
+            for start in range(0, client.llen(name), CHUNK):
+                yield StoredKey(text, kind, items=client.lrange(name, start, start + CHUNK - 1))
+        elif kind in ("set", "zset", "hash"):
+            scan = {"set": client.sscan, "zset": client.zscan, "hash": client.hscan}[kind]
+            cursor: int | None = None
+            while cursor != 0:
+                cursor, got = scan(name, cursor or 0, count=CHUNK)
+                if kind == "hash":
+                    yield StoredKey(text, kind, fields=got)
+                else:
+                    yield StoredKey(text, kind, items=[m for m, _ in got] if kind == "zset" else list(got))
+        else:
+            yield _read(client, name, text, kind)
+
+
+def _listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, str, str]]:
+    """(name, its text, its type) of every key matching `patterns`, sorted by name."""
     names: list[bytes] = []
     seen: set[bytes] = set()
     for pattern in patterns:
@@ -81,11 +108,7 @@ def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
     for name in names:
         pipe.type(name)
     types = [t.decode() if isinstance(t, bytes) else str(t) for t in pipe.execute()] if names else []
-    keys: dict[str, StoredKey] = {}
-    for name, kind in zip(names, types, strict=True):
-        text = name.decode(errors="replace")
-        keys[text] = _read(client, name, text, kind)
-    return Snapshot(keys, time.perf_counter() - started)
+    return [(name, name.decode(errors="replace"), kind) for name, kind in zip(names, types, strict=True)]
 
 
 def _read(r: redis.Redis, name: bytes, text: str, kind: str) -> StoredKey:

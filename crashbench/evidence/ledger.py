@@ -34,11 +34,17 @@ from pathlib import Path
 from threading import get_ident
 from typing import BinaryIO
 
+from crashbench import jobids
+from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
+
+__all__ = ["Execution", "Executions", "Ledger", "LedgerProblem", "LedgerWriter"]
+
 # The pid is read on every record, and os.getpid() is a system call; a writer inherited through
 # fork (a library forking its work horse) must still write the child's pid, hence the hook.
 _pid = os.getpid()
 
 
+READ_MAX = 256 * 1024  # bytes of one worker's file read at once: ~6,000 records
 ACKABLE = 1024  # completed executions per context that an ack may still name (more than any batch)
 
 
@@ -115,23 +121,6 @@ class LedgerWriter:
         os.close(self.fd)
 
 
-@dataclass(slots=True)
-class Execution:
-    job: str
-    worker: str
-    start: float
-    end: float | None = None  # None: the handler never finished (the worker died inside it)
-    failed: bool = False  # the handler raised; `end` is when
-    pid: int = 0  # the process that ran the handler
-    xid: int = 0  # the thread of that process that ran it
-    acked: float | None = None  # when the design's ack of it returned (crashbench's own worker only)
-    empty_ack: bool = False  # ... and the queue had nothing left to acknowledge
-
-    @property
-    def completed(self) -> bool:
-        return self.end is not None and not self.failed
-
-
 @dataclass(frozen=True, slots=True)
 class LedgerProblem:
     """A record (or the lack of one) that does not fit: `kind` is orphan_end, orphan_ack, double_open,
@@ -149,11 +138,12 @@ class _Tail:
     file: BinaryIO | None = None  # kept open: the runner polls every few milliseconds
     rest: bytes = b""  # an unfinished last line
     ready_at: float | None = None
-    # The executions this worker is inside right now, by "<pid> <xid>", in the order they started.
-    opens: dict[str, Execution] = field(default_factory=dict)
+    # The executions (rows) this worker is inside right now, by "<pid> <xid>", in the order they started.
+    opens: dict[str, int] = field(default_factory=dict)
     # Per context, the executions it completed and has not acked yet, by job (a batch is acked after
     # its last job ends); bounded, since a library's worker never writes an ack.
-    unacked: dict[str, dict[str, Execution]] = field(default_factory=dict)
+    unacked: dict[str, dict[str, int]] = field(default_factory=dict)
+    contexts: dict[str, int] = field(default_factory=dict)  # "<pid> <xid>" -> its context in the columns
 
 
 @dataclass
@@ -161,9 +151,10 @@ class Ledger:
     """Runner side: tails every worker's file and keeps every execution."""
 
     directory: Path
-    executions: list[Execution] = field(default_factory=list)
-    completed: Counter[str] = field(default_factory=Counter)
+    executions: Executions = field(default_factory=Executions)
     problems: list[LedgerProblem] = field(default_factory=list)
+    done: int = 0  # jobs completed at least once (the progress line's figure)
+    _done: jobids.Marks = field(default_factory=jobids.Marks)  # ... which: not a set of a million strings
     _tails: dict[str, _Tail] = field(default_factory=dict)
     _finished: bool = False  # after finish(), a poll would reopen the files and read them twice
 
@@ -184,24 +175,33 @@ class Ledger:
                     tail.file = open(tail.path, "rb", buffering=0)  # noqa: SIM115 - closed in close()
                 except FileNotFoundError:
                     continue  # the worker has not created it yet
-            chunk = tail.file.read()
-            if not chunk:
-                continue
-            cut = chunk.rfind(b"\n")
-            if cut < 0:
-                tail.rest += chunk  # still no whole line: it waits for the next poll
-                continue
-            data = tail.rest + chunk[:cut] if tail.rest else chunk[:cut]
-            tail.rest = chunk[cut + 1 :]
-            # Decoded once per chunk, after the cut, so a character is never split; never raises.
-            self._apply(name, tail, data.decode(errors="replace").split("\n"))
+            while self._read(name, tail) == READ_MAX:
+                pass
+
+    def _read(self, name: str, tail: _Tail) -> int:
+        """One read of at most READ_MAX bytes (a worker far ahead of the runner's polls must not cost
+        a line object per record of all it wrote at once); how many bytes came."""
+        assert tail.file is not None
+        chunk = tail.file.read(READ_MAX)
+        if not chunk:
+            return 0
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            tail.rest += chunk  # still no whole line: it waits for the next read
+            return len(chunk)
+        data = tail.rest + chunk[:cut] if tail.rest else chunk[:cut]
+        tail.rest = chunk[cut + 1 :]
+        # Decoded once per chunk, after the cut, so a character is never split; never raises.
+        self._apply(name, tail, data.decode(errors="replace").split("\n"))
+        return len(chunk)
 
     def _apply(self, worker: str, tail: _Tail, lines: list[str]) -> None:
         # The runner's hot loop (millions of records in a big run): one split per line, one dict
         # lookup per record. Executions are keyed by the raw "<pid> <xid>" text, which the writer
         # spells the same way in a start and its end, so an end converts no numbers but its time;
         # an end that matches nothing is looked at closely on that (rare) path only.
-        opens, unacked, executions, completed = tail.opens, tail.unacked, self.executions, self.completed
+        opens, unacked, contexts, runs = tail.opens, tail.unacked, tail.contexts, self.executions
+        jobs, ends, acks, flags = runs.jobs, runs.ends, runs.acks, runs.flags
         for line in lines:
             f = line.split(" ", 3)
             try:
@@ -209,36 +209,39 @@ class Ledger:
                 if not job:
                     raise ValueError("no job id")
                 if kind == "S":
-                    pid, xid = key.split(" ")
-                    ex = Execution(job, worker, float(t), None, False, int(pid), int(xid))
+                    ctx = contexts.get(key)
+                    if ctx is None:
+                        pid, xid = key.split(" ")
+                        ctx = contexts[key] = runs.context(worker, int(pid), int(xid))
+                    row = runs.append(job, ctx, float(t))
                     if (earlier := opens.pop(key, None)) is not None:
-                        self._problem("double_open", worker, job, f"{line!r} while {earlier.job} is open there")
-                    opens[key] = ex
-                    executions.append(ex)
+                        self._problem("double_open", worker, job, f"{line!r} while {runs.job(earlier)} is open there")
+                    opens[key] = row
                 elif kind == "E" or kind == "F":
                     end = float(t)
-                    ex = opens.get(key)
-                    if ex is None or ex.job != job:
-                        self._orphan(worker, line, key, ex)
+                    row = opens.get(key, -1)
+                    if row < 0 or jobs[row] != jobids.known(job):
+                        self._orphan(worker, line, key, row)
                         continue
                     del opens[key]
-                    ex.end = end
+                    ends[row] = end
                     if kind == "E":
-                        completed[job] += 1
+                        self._completed(jobs[row])
                         waiting = unacked.setdefault(key, {})
-                        waiting[job] = ex
+                        waiting[job] = row
                         if len(waiting) > ACKABLE:
                             del waiting[next(iter(waiting))]
                     else:
-                        ex.failed = True
+                        flags[row] |= FAILED
                 elif kind == "A" or kind == "N":
                     acked = float(t)
-                    ex = unacked.get(key, {}).pop(job, None)
-                    if ex is None:
+                    row = unacked.get(key, {}).pop(job, -1)
+                    if row < 0:
                         self._problem("orphan_ack", worker, job, f"{line!r}: no completed execution of it to ack there")
                         continue
-                    ex.acked = acked
-                    ex.empty_ack = kind == "N"
+                    acks[row] = acked
+                    if kind == "N":
+                        flags[row] |= EMPTY_ACK
                 else:
                     raise ValueError("unknown kind")
             except ValueError:
@@ -250,20 +253,25 @@ class Ledger:
                         pass
                 self._problem("malformed", worker, None, repr(line))
 
+    def _completed(self, c: int) -> None:
+        if self._done.add(c):
+            self.done += 1
+
     def abandon(self, worker: str, pid: int) -> None:
         """Process `pid` of `worker` is dead (a fault killed it while its worker lives on): its open
         executions stay interrupted for good, no longer make the worker look busy, and a later process
         that reuses the pid does not look like a double open."""
         opens = self._tails[worker].opens
-        for key in [k for k, ex in opens.items() if ex.pid == pid]:
+        for key in [k for k, row in opens.items() if self.executions.pid(row) == pid]:
             del opens[key]
 
-    def _orphan(self, worker: str, line: str, key: str, open_there: Execution | None) -> None:
-        """An end that closes nothing: either a bad context (malformed) or a real orphan end."""
+    def _orphan(self, worker: str, line: str, key: str, open_there: int) -> None:
+        """An end that closes nothing (`open_there`: the row open in its context, or -1): either a bad
+        context (malformed) or a real orphan end."""
         pid, xid = key.split(" ")  # a ValueError goes up as "malformed"
         int(pid), int(xid)
         job = line.split(" ", 2)[1]
-        there = f"{open_there.job} is open there" if open_there else "nothing is open there"
+        there = f"{self.executions.job(open_there)} is open there" if open_there >= 0 else "nothing is open there"
         self._problem("orphan_end", worker, job, f"{line!r} but {there}")
 
     def _problem(self, kind: str, worker: str, job: str | None, detail: str) -> None:
@@ -274,11 +282,12 @@ class Ledger:
 
     def inside(self, worker: str) -> Execution | None:
         """One execution `worker` is inside as of the last poll (the most recently started), or None."""
-        return next(reversed(self._tails[worker].opens.values()), None)
+        row = next(reversed(self._tails[worker].opens.values()), -1)
+        return self.executions.row(row) if row >= 0 else None
 
     def open_in(self, worker: str) -> list[Execution]:
         """Every execution `worker` is inside as of the last poll, oldest first."""
-        return list(self._tails[worker].opens.values())
+        return [self.executions.row(row) for row in self._tails[worker].opens.values()]
 
     def finish(self) -> None:
         """The last poll, once no worker can write any more. A file that does not end in a newline has
@@ -299,5 +308,6 @@ class Ledger:
                 tail.file = None
 
     @property
-    def done(self) -> int:
-        return len(self.completed)
+    def completed(self) -> Counter[str]:
+        """Completions per job (for tests and small runs: a Counter of every completed job)."""
+        return Counter(ex.job for ex in self.executions if ex.completed)

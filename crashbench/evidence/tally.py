@@ -12,10 +12,12 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
+from crashbench import jobids
 from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
-from crashbench.evidence.ledger import Execution
+from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
 from crashbench.faults.records import JOB_SAMPLE, NetworkFaultRecord
 from crashbench.report.results import DesignRun, KillRecord, Timings
@@ -69,11 +71,27 @@ def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
     return nf
 
 
-def _duplicates(tl: Timeline, ids: set[str]) -> dict[str, int]:
+def _duplicates(runs: Executions, ids: AbstractSet[str]) -> dict[str, int]:
     """The first JOB_SAMPLE jobs completed more than once, and how many times each."""
-    shown = set(sorted(ids)[:JOB_SAMPLE])
-    times = Counter(ex.job for ex in tl.executions if ex.completed and ex.job in shown) if shown else Counter()
-    return dict(sorted(times.items()))
+    shown = {jobids.code(j) for j in sorted(ids)[:JOB_SAMPLE]}
+    times: Counter[int] = Counter()
+    if shown:
+        for c, end, flags in zip(runs.jobs, runs.ends, runs.flags, strict=True):
+            if c in shown and end == end and not flags & FAILED:
+                times[c] += 1
+    return dict(sorted((jobids.name(c), n) for c, n in times.items()))
+
+
+def _runs_of(runs: Executions, jobs: set[str]) -> dict[str, list[Execution]]:
+    """Every execution of each of `jobs` (the jobs the kills hit: a few), read off the columns."""
+    out: dict[str, list[Execution]] = {j: [] for j in jobs}
+    codes = {jobids.code(j) for j in jobs}
+    if codes:
+        for row, c in enumerate(runs.jobs):
+            if c in codes:
+                ex = runs.row(row)
+                out[ex.job].append(ex)
+    return out
 
 
 def design_run(tl: Timeline) -> DesignRun:
@@ -108,17 +126,13 @@ def design_run(tl: Timeline) -> DesignRun:
         cut_off=tl.cut_off,
     )
     c.worker_crashes = len(tl.exits)
-    c.empty_acks = sum(1 for ex in tl.executions if ex.empty_ack)
-    if tl.held_at_fault or produced:  # only broker faults and producers have these (a Counter of 1M jobs: 1 s)
-        completed = tl.completed
-        c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if not completed[j])
-        if produced:
-            c.acked_during_lag = sum(1 for j in tl.acked_during_lag if not completed[j])
-    hit = {j for k in kill_records for j in k.jobs}
-    runs_of: dict[str, list[Execution]] = {j: [] for j in hit}
-    for ex in tl.executions:
-        if ex.job in runs_of:
-            runs_of[ex.job].append(ex)
+    runs = Executions.of(tl.executions)
+    c.empty_acks = sum(1 for f in runs.flags if f & EMPTY_ACK)
+    done = classes["done"]
+    c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if j not in done)
+    if produced:
+        c.acked_during_lag = sum(1 for j in tl.acked_during_lag if j not in done)
+    runs_of = _runs_of(runs, {j for k in kill_records for j in k.jobs})
     for k in kill_records:
         ready = tl.ready.get(k.replacement) if k.replacement else None
         if ready is not None:
@@ -143,7 +157,7 @@ def design_run(tl: Timeline) -> DesignRun:
         schedule=tl.planned,
         broker_fault=tl.broker_fault,
         worker_exits=tl.exits,
-        duplicates=_duplicates(tl, classes["duplicated"]),
+        duplicates=_duplicates(runs, classes["duplicated"]),
         workdir=tl.workdir,
         jobs={
             k: sorted(classes[k])[:JOB_SAMPLE]

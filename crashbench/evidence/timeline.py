@@ -32,16 +32,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring_ascii as _string  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import IO, Any
 
 from crashbench.designs import Located, QueueState
-from crashbench.evidence.ledger import Execution, LedgerProblem
+from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
+from crashbench.evidence.ledger import LedgerProblem
 from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
+from crashbench.jobids import JobIds
 
 SCHEMA = "crashbench.timeline"
 SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ def rel(t: float, t0: float) -> float:
 @dataclass(frozen=True, slots=True)
 class Enqueue:
     t: float
-    ids: list[str]
+    ids: JobIds  # read as a sequence of id strings
     ok: bool = True  # acknowledged; False: it errored or timed out (indeterminate)
     lag: bool = False  # acknowledged by a primary whose replica had stopped following
 
@@ -115,7 +116,7 @@ class Timeline:
     enqueues: list[Enqueue] = field(default_factory=list)
     spawns: list[Spawn] = field(default_factory=list)
     ready: dict[str, float] = field(default_factory=dict)
-    executions: list[Execution] = field(default_factory=list)
+    executions: Sequence[Execution] = field(default_factory=Executions)  # Executions, or a test's list
     ledger_problems: list[LedgerProblem] = field(default_factory=list)
     planned: list[Fault] = field(default_factory=list)
     kills: list[KillRecord] = field(default_factory=list)
@@ -137,8 +138,9 @@ class Timeline:
     # -- what the counts read ------------------------------------------------------------------
 
     @property
-    def ids(self) -> list[str]:
-        return [j for e in self.enqueues for j in e.ids]
+    def ids(self) -> JobIds:
+        """Every enqueued id, in order: one range of codes when the enqueues followed each other."""
+        return JobIds.concat(JobIds.of(e.ids) for e in self.enqueues)
 
     @property
     def acknowledged(self) -> set[str]:
@@ -152,10 +154,6 @@ class Timeline:
     def acked_during_lag(self) -> set[str]:
         return {j for e in self.enqueues if e.ok and e.lag for j in e.ids}
 
-    @property
-    def completed(self) -> Counter[str]:
-        return Counter(ex.job for ex in self.executions if ex.completed)
-
     def fault_window(self) -> tuple[float, float] | None:
         """(struck, server back) of the broker fault, on the timeline's clock."""
         f = self.broker_fault
@@ -168,7 +166,7 @@ class Timeline:
 
     # -- saving and reading ----------------------------------------------------------------------
 
-    def lines(self) -> Iterator[dict[str, Any] | Execution]:
+    def lines(self) -> Iterator[dict[str, Any] | Executions]:
         yield {
             "e": "run", "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "index": self.index,
             "spec": self.spec, "variant": self.variant, "prefix": self.prefix, "repeat": self.repeat,
@@ -177,7 +175,7 @@ class Timeline:
             "warnings": self.warnings,
         }  # fmt: skip
         for e in self.enqueues:
-            yield {"e": "enqueue", "t": e.t, "ids": e.ids, "ok": e.ok, "lag": e.lag}
+            yield {"e": "enqueue", "t": e.t, "ids": list(e.ids), "ok": e.ok, "lag": e.lag}
         for s in self.spawns:
             yield {"e": "spawn", "t": s.t, "worker": s.worker, "slot": s.slot, "pid": s.pid}
         for worker, t in self.ready.items():
@@ -195,7 +193,7 @@ class Timeline:
             yield {"e": "broker_fault", **asdict(self.broker_fault)}
         for d in self.depth:
             yield {"e": "depth", "t": d.t, "p": d.pending, "i": d.inflight, "l": d.delayed, "d": d.dead}
-        yield from self.executions  # the bulk: written by _x_line, without a dict each
+        yield Executions.of(self.executions)  # the bulk: written by _x_lines, without a dict each
         for lp in self.ledger_problems:
             yield {"e": "ledger_problem", **asdict(lp)}
         for x in self.exits:
@@ -217,15 +215,21 @@ class Timeline:
         }  # fmt: skip
 
 
-def _x_line(ex: Execution) -> str:
-    """An execution's line, as json.dumps would write it (floats by repr, so they read back exactly),
-    formatted directly: a run's executions are most of its timeline, and the file's cost is theirs."""
-    end = "null" if ex.end is None else repr(ex.end)
-    acked = "null" if ex.acked is None else repr(ex.acked)
-    return (
-        f'{{"e":"x","j":{_string(ex.job)},"w":{_string(ex.worker)},"s":{ex.start!r},"d":{end},'
-        f'"f":{int(ex.failed)},"p":{ex.pid},"x":{ex.xid},"a":{acked},"n":{int(ex.empty_ack)}}}'
-    )
+def _x_lines(runs: Executions) -> Iterator[str]:
+    """Each execution's line, as json.dumps would write it (floats by repr, so they read back exactly),
+    formatted directly from the columns: a run's executions are most of its timeline, and the file's
+    cost is theirs."""
+    contexts = [(_string(w), pid, xid) for w, pid, xid in runs.contexts]
+    for row, (ctx, start, end, acked, flags) in enumerate(
+        zip(runs.ctx, runs.starts, runs.ends, runs.acks, runs.flags, strict=True)
+    ):
+        worker, pid, xid = contexts[ctx]
+        d = "null" if end != end else repr(end)
+        a = "null" if acked != acked else repr(acked)
+        yield (
+            f'{{"e":"x","j":{_string(runs.job(row))},"w":{worker},"s":{start!r},"d":{d},'
+            f'"f":{flags & FAILED},"p":{pid},"x":{xid},"a":{a},"n":{(flags & EMPTY_ACK) >> 1}}}'
+        )
 
 
 def write(timelines: Iterable[Timeline], path: Path) -> Path:
@@ -234,10 +238,14 @@ def write(timelines: Iterable[Timeline], path: Path) -> Path:
         for tl in timelines:
             block: list[str] = []
             for line in tl.lines():
-                block.append(_x_line(line) if isinstance(line, Execution) else json.dumps(line, separators=(",", ":")))
-                if len(block) >= 10_000:
-                    f.write("\n".join(block) + "\n")
-                    block = []
+                if isinstance(line, Executions):
+                    for x in _x_lines(line):
+                        block.append(x)
+                        if len(block) >= 10_000:
+                            f.write("\n".join(block) + "\n")
+                            block = []
+                    continue
+                block.append(json.dumps(line, separators=(",", ":")))
             if block:
                 f.write("\n".join(block) + "\n")
     return path
@@ -279,11 +287,16 @@ def _parse(f: IO[str]) -> list[Timeline]:
 
 def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     if e == "x":
-        tl.executions.append(
-            Execution(d["j"], d["w"], d["s"], d["d"], bool(d["f"]), d["p"], d["x"], d["a"], bool(d["n"]))
-        )
+        runs = tl.executions
+        assert isinstance(runs, Executions)  # a timeline read back holds columns
+        row = runs.append(d["j"], runs.context(d["w"], d["p"], d["x"]), d["s"])
+        if d["d"] is not None:
+            runs.ends[row] = d["d"]
+        if d["a"] is not None:
+            runs.acks[row] = d["a"]
+        runs.flags[row] = (FAILED if d["f"] else 0) | (EMPTY_ACK if d.get("n") else 0)  # "n": since empty acks
     elif e == "enqueue":
-        tl.enqueues.append(Enqueue(d["t"], d["ids"], d["ok"], d["lag"]))
+        tl.enqueues.append(Enqueue(d["t"], JobIds.of(d["ids"]), d["ok"], d["lag"]))
     elif e == "spawn":
         tl.spawns.append(Spawn(d["t"], d["worker"], d["slot"], d["pid"]))
     elif e == "ready":

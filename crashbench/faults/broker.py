@@ -20,7 +20,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import redis
@@ -151,18 +151,26 @@ class Producer:
     replica lagged. The timeline reads the chunks (crashbench.evidence.timeline). With `through`, its
     enqueues go through the proxy (Through), else through the design it is given."""
 
-    def __init__(self, jobs: list[Job], produce_s: float, start: float, through: Through | None = None) -> None:
-        self.jobs = jobs
+    def __init__(
+        self,
+        ids: Sequence[str],
+        jobs: Callable[[Sequence[str]], list[Job]],
+        produce_s: float,
+        start: float,
+        through: Through | None = None,
+    ) -> None:
+        self.ids = ids
+        self.jobs = jobs  # a chunk's ids -> its jobs, made when the chunk is due
         self.through = through
-        self.every = produce_s / max(1, -(-len(jobs) // CHUNK))
+        self.every = produce_s / max(1, -(-len(ids) // CHUNK))
         self.start = start
         self.next = 0
         self.lagging = False  # set once the replica stopped following the primary (replica_lag)
-        self.chunks: list[tuple[float, list[str], bool, bool]] = []  # (harness clock, ids, acknowledged, lagging)
+        self.chunks: list[tuple[float, Sequence[str], bool, bool]] = []  # (harness clock, ids, acknowledged, lagging)
 
     @property
     def done(self) -> bool:
-        return self.next >= len(self.jobs)
+        return self.next >= len(self.ids)
 
     @property
     def acknowledged(self) -> int:
@@ -173,7 +181,8 @@ class Producer:
         """Enqueue the next chunk if it is due by `now`: one per call, so that a slow enqueue (a WAIT
         that times out) holds back the producer, never the runner's loop."""
         if not self.done and now >= self.start + (self.next // CHUNK) * self.every:
-            chunk = self.jobs[self.next : self.next + CHUNK]
+            ids = self.ids[self.next : self.next + CHUNK]
+            chunk = self.jobs(ids)
             self.next += CHUNK
             if self.through is not None:
                 ok = self.through.enqueue(chunk)
@@ -184,7 +193,7 @@ class Producer:
                     ok = False
                 else:
                     ok = True
-            self.chunks.append((now, [job.id for job in chunk], ok, ok and self.lagging))
+            self.chunks.append((now, ids, ok, ok and self.lagging))
 
 
 def _command(url: str, *args: str | int) -> None:

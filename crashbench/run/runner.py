@@ -15,7 +15,7 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -23,12 +23,13 @@ import redis
 
 from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
-from crashbench.evidence import inspector, tally
-from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.evidence import depth, inspector, tally
+from crashbench.evidence.ledger import Executions, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
+from crashbench.jobids import JobIds
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import lease, workdirs
 from crashbench.run.drain import drain
@@ -56,7 +57,7 @@ class Progress:
     elapsed: float
 
 
-def _jobs(ids: list[str]) -> list[Job]:
+def _jobs(ids: Sequence[str]) -> list[Job]:
     """The run's jobs for these ids; the payload carries the job's number."""
     return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
 
@@ -148,7 +149,7 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
-        self.enqueues: list[tuple[float, list[str]]] = []  # (harness clock, ids) sent before the workers start
+        self.enqueues: list[tuple[float, JobIds]] = []  # (harness clock, ids) sent before the workers start
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.depth: list[Depth] = []
         self._next_depth = 0.0
@@ -278,15 +279,14 @@ class CrashRun:
         """The queue's depth by the harness's own reading. Every DEPTH_EVERY seconds, or less often
         when the reading is slow (a large backlog): it costs at most 1/DEPTH_COST of the run."""
         started = self.clock()
-        located = self._tolerant(self._locate, None)
+        inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
+        found = self._tolerant(lambda: depth.read(self.design, self.raw, inside), None)
         cost = self.clock() - started
         self._next_depth = now + max(self.DEPTH_EVERY, self.DEPTH_COST * cost)
-        if located is None:
+        if found is None:
             return
-        inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
-        held = located.held.keys()
-        pending = sum(1 for j in held if j not in located.delayed and j not in inside)
-        self.depth.append(Depth(rel(now, self.t0), pending, len(inside), len(located.delayed), len(located.dead)))
+        self.inspect_s += found.taken_s
+        self.depth.append(Depth(rel(now, self.t0), found.pending, len(inside), found.delayed, found.dead))
 
     def _tolerant(self, call: Callable[[], T], down: T) -> T:
         """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
@@ -297,7 +297,7 @@ class CrashRun:
         except DOWN:
             return down
 
-    def _fire_faults(self, ids: list[str]) -> None:
+    def _fire_faults(self, ids: JobIds) -> None:
         """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
         broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
         workers, broker, network = self.worker_faults, None, None
@@ -305,7 +305,7 @@ class CrashRun:
         through = None
         if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
             through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
-        producer = self.producer = Producer(_jobs(ids), self.sc.produce_s, self.t0, through) if self.producing else None
+        producer = self.producer = Producer(ids, _jobs, self.sc.produce_s, self.t0, through) if self.producing else None
         if self.net.proxy is not None or self.net.partitions is not None:
             sync = self.broker.sync_replica if self.broker is not None else None
             network = self.network_faults = NetworkFaults(
@@ -356,6 +356,14 @@ class CrashRun:
         self.inspect_s += snapshot.taken_s
         return self.design.locate(snapshot)
 
+    def _rebased(self, t0: float) -> Executions:
+        """The ledger's executions on the timeline's clock: in place, since the ledger is read for the
+        last time (a copy of a million rows would double the run's biggest figure)."""
+        runs = self.ledger.executions
+        runs.rebase(t0)
+        self.ledger.executions = Executions()
+        return runs
+
     def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
         """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
         state = self.design.state()
@@ -373,11 +381,7 @@ class CrashRun:
             configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
-            executions=[
-                Execution(ex.job, ex.worker, rel(ex.start, t0), None if ex.end is None else rel(ex.end, t0),
-                          ex.failed, ex.pid, ex.xid, None if ex.acked is None else rel(ex.acked, t0), ex.empty_ack)
-                for ex in self.ledger.executions
-            ],
+            executions=self._rebased(t0),
             ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
             network=self.network_faults.records if self.network_faults else [],
             marks=sorted(

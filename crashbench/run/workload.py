@@ -15,13 +15,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from crashbench.jobids import JobIds
+
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 PARETO_ALPHA = 1.16
 
 
-def job_ids(n: int) -> list[str]:
-    """The ids of a run's jobs, in enqueue order."""
-    return [f"{i:06d}" for i in range(n)]
+def job_ids(n: int) -> JobIds:
+    """The ids of a run's jobs, in enqueue order: a range of codes, read as strings when asked for."""
+    return JobIds(range(n))
 
 
 @dataclass(frozen=True, slots=True)
