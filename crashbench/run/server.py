@@ -81,7 +81,7 @@ def find_server_binary(explicit: str | None = None) -> Path:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -153,7 +153,7 @@ class EmbeddedServer:
     def start(self, timeout: float = 10.0) -> None:
         last_log = ""
         for _ in range(3):  # a free port can be taken between the probe and the bind: try another
-            self.port = _free_port()
+            self.port = free_port()
             log = self.dir / "server.log"
             self.proc = self._popen(self._args(log))
             if self._wait_ready(timeout):
