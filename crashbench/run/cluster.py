@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from crashbench.errors import ServerUnavailable
+from crashbench.run.connect import cluster_nodes
 from crashbench.run.server import EmbeddedServer, free_port
 
 SLOTS = 16384
@@ -99,13 +100,13 @@ class EmbeddedCluster:
         try:
             for node in self.nodes:
                 node.start()
-            self._assemble(began + timeout)
+            self._assemble(began + timeout, timeout)
         except BaseException:
             self.stop()
             raise
         self.started_s = time.monotonic() - began
 
-    def _assemble(self, deadline: float) -> None:
+    def _assemble(self, deadline: float, timeout: float) -> None:
         clients = [node.client() for node in self.nodes]
         try:
             ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
@@ -117,19 +118,19 @@ class EmbeddedCluster:
                 for other in self.nodes[i + 1 :]:
                     c.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, other.bus_port)
             if self.replicas:
-                self._wait(deadline, "every node to know every other", lambda: self._all_known(clients, ids))
+                self._wait(deadline, timeout, "every node to know every other", lambda: self._all_known(clients, ids))
                 for replica, primary in self.replica_nodes():
                     clients[self.nodes.index(replica)].execute_command(
                         "CLUSTER", "REPLICATE", ids[self.nodes.index(primary)]
                     )
-            self._wait(deadline, "cluster_state:ok on every node", lambda: self._problem(clients))
+            self._wait(deadline, timeout, "cluster_state:ok on every node", lambda: self._problem(clients))
         finally:
             for c in clients:
                 c.close()
 
     def _all_known(self, clients: list[redis.Redis], ids: list[str]) -> str | None:
         for node, c in zip(self.nodes, clients, strict=True):
-            known = {line.split()[0] for line in _lines(c) if "handshake" not in line and "noaddr" not in line}
+            known = {n.id for n in cluster_nodes(c) if "handshake" not in n.flags and "noaddr" not in n.flags}
             if missing := set(ids) - known:
                 return f"127.0.0.1:{node.port} does not know {len(missing)} node(s) yet"
         return None
@@ -145,7 +146,7 @@ class EmbeddedCluster:
                 return f"{where} reports cluster_state:{info.get('cluster_state')}"
             if int(info.get("cluster_size", 0)) != self.primaries:
                 return f"{where} knows {info.get('cluster_size')} of {self.primaries} primaries"
-            if sum(1 for line in _lines(c) if " slave " in f" {line.split()[2].replace(',', ' ')} ") != want_replicas:
+            if sum(1 for n in cluster_nodes(c) if "slave" in n.flags) != want_replicas:
                 return f"{where} does not list every replica yet"
         for replica, _ in self.replica_nodes():
             c = clients[self.nodes.index(replica)]
@@ -153,7 +154,7 @@ class EmbeddedCluster:
                 return f"replica 127.0.0.1:{replica.port}: link to its primary not up"
         return None
 
-    def _wait(self, deadline: float, what: str, problem: Callable[[], str | None]) -> None:
+    def _wait(self, deadline: float, timeout: float, what: str, problem: Callable[[], str | None]) -> None:
         last = None
         while time.monotonic() < deadline:
             if (last := problem()) is None:
@@ -164,7 +165,7 @@ class EmbeddedCluster:
             time.sleep(0.02)
         raise ServerUnavailable(
             f"the embedded cluster ({self.primaries} primaries, {self.replicas} replica(s) each) was not ready "
-            f"after {READY_TIMEOUT_S:g} s: waiting for {what}: {last}",
+            f"after {timeout:g} s: waiting for {what}: {last}",
             hint="a node's log is in its directory while it runs; check the machine's load, or use --redis-url",
         )
 
@@ -177,12 +178,3 @@ class EmbeddedCluster:
                     node.proc.terminate()
         for node in self.nodes:
             node.stop()
-
-
-def _lines(client: redis.Redis) -> list[str]:
-    """CLUSTER NODES as text lines: `<id> <ip:port@bus> <flags> <primary> ...`."""
-    raw = client.execute_command("CLUSTER", "NODES")
-    if isinstance(raw, dict):  # redis-py parses the reply into a dict by address: ask for the raw text
-        raw = client.execute_command("CLUSTER NODES", NEVER_DECODE=True)
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return [line for line in text.splitlines() if line.strip()]

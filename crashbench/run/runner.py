@@ -22,7 +22,7 @@ from typing import TypeVar
 import redis
 
 from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
-from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
+from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import inspector, tally
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
@@ -30,7 +30,7 @@ from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.report.results import DesignRun, WorkerExit
-from crashbench.run import lease, workdirs
+from crashbench.run import connect, lease, workdirs
 from crashbench.run.drain import drain
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
@@ -88,7 +88,9 @@ class CrashRun:
         self.sc = scenario
         self.spec = design_spec
         self.design_cls: type[Design] = load_design(design_spec)
-        self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
+        # The run id in braces is a hash tag: on a Redis Cluster every key of the session is in its slot,
+        # so a design's multi-key commands and scripts, the lease and the cleanup stay in one slot.
+        self.prefix = f"crashbench:{{{run_id}}}:{index}-{safe_name(design_spec)}:"
         self.variant = variant
         self.index = index
         self.repeat = repeat
@@ -100,8 +102,14 @@ class CrashRun:
         self.dir = workdirs.make("run", memory=True)
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
-        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.raw = inspector.raw_client(redis_url)  # the inspector's own connection, never the design's
+        self.on_cluster = connect.is_cluster(redis_url)
+        if self.on_cluster and self.design_cls.library:
+            # A queue library is given one node, as its users would give it the cluster: what it makes of
+            # the cluster's rules (MOVED, CROSSSLOT) is its own answer, reported as unsupported.
+            redis_url = connect.library_url(redis_url, self.prefix)
+        self.client = connect.connect(redis_url, decode_responses=True)
+        # The inspector's own connection, never the design's: the primary that holds the run's slot.
+        self.raw = connect.node_for(redis_url, self.prefix, decode_responses=False)
         self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
@@ -163,9 +171,11 @@ class CrashRun:
                 self.keep_dir = True
                 run.workdir = str(self.dir)
             return run
-        except (CrashbenchError, KeyboardInterrupt, redis.ConnectionError):
-            raise
         except Exception as exc:
+            if self.on_cluster and self.design_cls.library and not isinstance(exc, Interrupted):
+                raise unsupported_on_cluster(self.spec, exc) from None
+            if isinstance(exc, (CrashbenchError, redis.ConnectionError)):
+                raise
             # A design (or crashbench) raised where nothing expected it: never exit 1, which means a
             # threshold was violated. The ledgers and worker logs stay for a post-mortem.
             self.keep_dir = True
@@ -337,8 +347,8 @@ class CrashRun:
         self.client.close()
         self.raw.close()
         url = self.broker.url if self.broker else self.url
-        self.client = redis.Redis.from_url(url, decode_responses=True)
-        self.raw = inspector.raw_client(url)
+        self.client = connect.connect(url, decode_responses=True)
+        self.raw = connect.node_for(url, self.prefix, decode_responses=False)
         self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:
