@@ -224,6 +224,11 @@ def test_cluster_options_that_contradict_are_usage_errors(args: list[str], says:
     assert got.exit_code == 2 and says in got.output, got.output
 
 
+def test_bench_refuses_a_cluster(cluster: EmbeddedCluster) -> None:
+    got = CliRunner().invoke(cli, ["bench", "--designs", "naive", "--redis-url", cluster.url])
+    assert got.exit_code == 2 and "measures one server, not a cluster" in got.output, got.output
+
+
 def test_a_cluster_not_ready_in_time_is_stopped_and_removed() -> None:
     c = EmbeddedCluster(BINARY, primaries=3)
     with pytest.raises(ServerUnavailable, match=r"not ready after 0.5 s: waiting for cluster_state:ok"):

@@ -1,6 +1,6 @@
 """`crashbench clean`: list the run namespaces on a server and remove those whose run is gone.
 
-A run on a server crashbench did not start keeps `crashbench:<run-id>:alive` while it lives
+A run on a server crashbench did not start keeps `crashbench:{<run-id>}:alive` while it lives
 (crashbench.run.lease); a SIGKILLed run leaves its keys behind until their safety expiry. Only keys under
 a run's namespace are ever read or removed; without --yes nothing is removed at all.
 """

@@ -146,7 +146,7 @@ REDIS_URL = click.option(
     metavar="URL",
     # From the environment too, so that a password need not be on a command line (visible in `ps`).
     envvar=("CRASHBENCH_REDIS_URL", "REDIS_URL"),
-    help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched. "
+    help="Use this server (or cluster: redis+cluster://host:port) instead of a private embedded one; only keys under crashbench:{<run>}: are touched. "
     "Also read from CRASHBENCH_REDIS_URL, else REDIS_URL: pass a password that way, not as an argument. "
     "Shown everywhere with its password masked.",
 )

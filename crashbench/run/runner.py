@@ -88,8 +88,7 @@ class CrashRun:
         self.sc = scenario
         self.spec = design_spec
         self.design_cls: type[Design] = load_design(design_spec)
-        # The run id in braces is a hash tag: on a Redis Cluster every key of the session is in its slot,
-        # so a design's multi-key commands and scripts, the lease and the cleanup stay in one slot.
+        # The run id in braces is a hash tag: on a Redis Cluster, all of a session's keys share its slot.
         self.prefix = f"crashbench:{{{run_id}}}:{index}-{safe_name(design_spec)}:"
         self.variant = variant
         self.index = index
@@ -103,12 +102,10 @@ class CrashRun:
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.on_cluster = connect.is_cluster(redis_url)
-        if self.on_cluster and self.design_cls.library:
-            # A queue library is given one node, as its users would give it the cluster: what it makes of
-            # the cluster's rules (MOVED, CROSSSLOT) is its own answer, reported as unsupported.
+        if self.on_cluster and self.design_cls.library:  # one node, as its users give it: its error is its answer
             redis_url = connect.library_url(redis_url, self.prefix)
         self.client = connect.connect(redis_url, decode_responses=True)
-        # The inspector's own connection, never the design's: the primary that holds the run's slot.
+        # The inspector's own connection (never the design's), to the primary that holds the run's slot.
         self.raw = connect.node_for(redis_url, self.prefix, decode_responses=False)
         self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
