@@ -12,7 +12,9 @@ from enum import IntEnum
 class ExitCode(IntEnum):
     OK = 0  # every threshold met
     THRESHOLD_VIOLATED = 1  # the runs finished and at least one threshold was violated; nothing else exits 1
-    USAGE = 2  # bad option, bad scenario file, unknown design, a threshold naming a design not in the run
+    # bad option, bad scenario file, unknown design, a threshold naming a design not in the run, a design
+    # that cannot run on the server given (a queue library on a cluster)
+    USAGE = 2
     SERVER_UNAVAILABLE = 3  # cannot reach --redis-url, or no server binary to start
     # no verdict: a threshold without a value, or the evidence contradicts the counts (crashbench or the
     # design's report is wrong); for `check`, also a design no threshold applied to
@@ -43,6 +45,35 @@ class ScenarioError(UsageError):
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"{source}: {len(problems)} problem(s)\n{lines}")
         self.problems = problems
+
+
+class Unsupported(UsageError):
+    """A design asked to run where it cannot: a queue library on a Redis Cluster."""
+
+
+def unsupported_on_cluster(spec: str, exc: BaseException) -> Unsupported:
+    """`spec` cannot run on a cluster, in one line: the library's own error (a crashbench error's last
+    line, which for workers that died is the last line their log shows)."""
+    if isinstance(exc, CrashbenchError):
+        lines = [line.strip() for line in exc.message.splitlines() if line.strip()]
+        why = lines[-1] if lines else type(exc).__name__
+    else:
+        why = _one_line(exc)
+        # A library that wraps the server's answer in its own error (taskiq's SendTaskError): that answer too.
+        cause = exc
+        while (inner := cause.__cause__ or cause.__context__) is not None and inner is not cause:
+            cause = inner
+        if cause is not exc:
+            why += f" ({_one_line(cause)})"
+    return Unsupported(
+        f"{spec}: unsupported on a cluster: {why}",
+        hint="run it on a single server: leave out --cluster, or give --redis-url a server that is not a cluster node",
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 class ServerUnavailable(CrashbenchError):

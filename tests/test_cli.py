@@ -56,7 +56,7 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
     env = data["environment"]
     assert env["server_mode"] == "embedded" and env["server_version"] and env["redis_py"] and env["python"]
     assert [t["status"] for t in data["thresholds"]] == ["pass"] * len(data["thresholds"]) and data["thresholds"]
-    assert data["status"] == "pass" and data["id"].endswith(data["runs"][0]["prefix"].split(":")[1])
+    assert data["status"] == "pass" and data["id"].endswith(data["runs"][0]["prefix"].split(":")[1].strip("{}"))
 
 
 def test_results_go_to_results_dir_by_default_and_table_is_printed(tmp_path: Path) -> None:

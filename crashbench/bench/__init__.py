@@ -40,7 +40,7 @@ from crashbench.bench import proxy
 from crashbench.bench.memory import memory
 from crashbench.bench.results import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
-from crashbench.errors import Interrupted, RunAborted
+from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.evidence.ledger import Ledger
 from crashbench.report.results import environment, new_id, now_iso
 from crashbench.run import workdirs
@@ -370,6 +370,8 @@ def run_bench(
     started = time.monotonic()
     _stop.raised = False
     with _stop.installed(), open_server(redis_url, server_binary) as server:
+        if server.cluster:  # its keys, its server figures (CPU, memory, commands) are one server's
+            raise UsageError("crashbench bench measures one server, not a cluster (yet)")
         try:
             # First: a server the proxy cannot front (a unix socket) fails the bench now, not at its end.
             costs = proxy.costs(server, settings, jobs_per_s, run_id, progress) if settings.proxy else []

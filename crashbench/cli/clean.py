@@ -1,6 +1,6 @@
 """`crashbench clean`: list the run namespaces on a server and remove those whose run is gone.
 
-A run on a server crashbench did not start keeps `crashbench:<run-id>:alive` while it lives
+A run on a server crashbench did not start keeps `crashbench:{<run-id>}:alive` while it lives
 (crashbench.run.lease); a SIGKILLed run leaves its keys behind until their safety expiry. Only keys under
 a run's namespace are ever read or removed; without --yes nothing is removed at all.
 """
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import click
 import redis
+from redis.exceptions import RedisClusterException
 from rich.table import Table
 
 from crashbench.cli import common as base
 from crashbench.errors import ServerUnavailable
+from crashbench.run import connect
 from crashbench.run.lease import Namespace, namespaces
 from crashbench.run.server import cleanup_keys
 
@@ -35,19 +37,25 @@ def _state(entry: Namespace, grace: float) -> str:
 )
 @base.reports_errors
 def clean(redis_url: str, yes: bool, grace: float) -> None:
-    """List the crashbench:<run-id>: namespaces on a server, their key counts and whether their run is
+    """List the crashbench:{<run-id>}: namespaces on a server, their key counts and whether their run is
     alive; with --yes, remove those whose run is gone. No other key is touched."""
     # The URL may carry a password: messages name the server without it.
     try:
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
+        # A cluster (its URL, or a node's plain one) is read primary by primary: a namespace's keys are all
+        # in one slot (the run id is a hash tag), so each namespace is on one of them.
+        redis_url = connect.resolved(redis_url)
+        clients = connect.primaries(redis_url, socket_connect_timeout=5, socket_timeout=30)
     except ValueError as exc:
         raise ServerUnavailable(f"bad --redis-url: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+        raise ServerUnavailable(f"cannot reach the server of --redis-url: {type(exc).__name__}") from None
     try:
-        listed = namespaces(client)
+        listed = sorted((e for c in clients for e in namespaces(c)), key=lambda n: n.ns)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ServerUnavailable(f"cannot reach the server of --redis-url: {type(exc).__name__}") from None
     finally:
-        client.close()
+        for c in clients:
+            c.close()
     table = Table(title="crashbench namespaces", title_justify="left")
     for column in ("namespace", "keys", "run", "action"):
         table.add_column(column)

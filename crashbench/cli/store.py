@@ -72,7 +72,13 @@ def show(ref: str, store_dir: Path, **opts: Any) -> None:
     if not opts["as_json"]:
         base.out.print(
             f"[dim]{result.id} · {result.created} · {env.machine} ({env.cpus} cpus) · crashbench {env.crashbench} · "
-            f"{env.server_name} {env.server_version} · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
+            f"{env.server_name} {env.server_version}"
+            + (
+                f" cluster ({env.server_primaries} primaries, {env.server_replicas} replicas)"
+                if env.server_primaries
+                else ""
+            )
+            + f" · commit {(env.commit or '-')[:10]}{' dirty' if env.dirty else ''}[/]",
             highlight=False,
             soft_wrap=True,  # the id leads this line: never cut or wrapped
         )

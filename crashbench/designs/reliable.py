@@ -84,13 +84,21 @@ end
 return #due
 """
 
-# KEYS: pending, delayed, workers [, high]; ARGV: prefix for processing lists
+# KEYS: pending, delayed, workers [, high], then the processing lists of the workers the caller knows of
+# ARGV: how many processing lists KEYS ends with, the prefix of a processing list's name
+# A script names every key it reads (a cluster's rule, which routes it by them), so the caller passes the
+# processing lists; a worker registered since it last looked makes the script answer -1 (counting
+# without its list could say drained while it holds a job), and the caller reads the set and asks again.
 BACKLOG = """
-local n = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-if KEYS[4] then n = n + redis.call('LLEN', KEYS[4]) end
+local fixed = #KEYS - tonumber(ARGV[1])
+local known = {}
+for i = fixed + 1, #KEYS do known[KEYS[i]] = true end
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  n = n + redis.call('LLEN', ARGV[1] .. w)
+  if not known[ARGV[2] .. w] then return -1 end
 end
+local n = redis.call('LLEN', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if fixed == 4 then n = n + redis.call('LLEN', KEYS[4]) end
+for i = fixed + 1, #KEYS do n = n + redis.call('LLEN', KEYS[i]) end
 return n
 """
 
@@ -131,6 +139,7 @@ class ReliableQueue(Design):
         self._promote = self.r.register_script(PROMOTE)
         self._backlog = self.r.register_script(BACKLOG)
         self._hand_back = self.r.register_script(HAND_BACK)
+        self._processing: list[str] = []  # the processing lists backlog() knows of
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -192,7 +201,12 @@ class ReliableQueue(Design):
 
     def backlog(self) -> int:
         keys = [self.key(self.PENDING), self.key("delayed"), self.key("workers"), *self._high()]
-        return int(self._backlog(keys=keys, args=[self.key("processing", "")]))
+        while True:  # the set of workers only grows: at most a few rounds
+            args = [len(self._processing), self.key("processing", "")]
+            n = int(self._backlog(keys=[*keys, *self._processing], args=args))
+            if n >= 0:
+                return n
+            self._processing = [self.key("processing", w) for w in sorted(self.r.smembers(self.key("workers")))]
 
     def state(self) -> QueueState:
         held: dict[str, str] = {}

@@ -45,6 +45,7 @@ job_timeout (180 s as installed) is a hard limit: the horse is killed and the jo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -83,7 +84,8 @@ class RQQueue(LibraryDesign):
         pool = client.connection_pool
         kwargs = {**pool.connection_kwargs, "decode_responses": False}  # RQ stores pickled data
         self.raw = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
-        self.qname = "crashbench-" + prefix.removeprefix("crashbench:").strip(":").replace(":", "-")
+        # RQ job ids (queue name + "-" + crashbench's id) may hold letters, digits, "_" and "-" only.
+        self.qname = "crashbench-" + re.sub(r"[^A-Za-z0-9_-]+", "-", prefix.removeprefix("crashbench:")).strip("-")
         self.queue = Queue(self.qname, connection=self.raw)
 
     def _rq_id(self, job_id: str) -> str:

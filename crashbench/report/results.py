@@ -180,11 +180,13 @@ class Environment:
     server_name: str
     server_version: str
     server_binary: str | None
-    server_mode: str
+    server_mode: str  # "embedded" | "external" | "cluster" (embedded) | "external-cluster"
     commit: str | None
     dirty: bool | None
     libraries: dict[str, str] = field(default_factory=dict)  # queue library -> version, where workers import it
     worker_python: str | None = None  # --worker-python, whose versions `libraries` then gives (and "python")
+    server_primaries: int = 0  # a cluster's primaries serving slots and its replicas in all; 0 for one server
+    server_replicas: int = 0
 
 
 @dataclass(slots=True)
@@ -333,6 +335,8 @@ def environment(server: ServerInfo, libraries: dict[str, str], worker_python: st
         server_version=server.version,
         server_binary=server.binary,
         server_mode=server.mode,
+        server_primaries=server.primaries,
+        server_replicas=server.replicas,
         commit=commit,
         dirty=bool(status) if status is not None else None,
         libraries=libraries,

@@ -3,8 +3,8 @@ pushing back, and a key that says the run is alive.
 
 A SIGKILLed crashbench cannot delete its keys, and on a server it did not start nobody else will.
 So while a run on such a server lives, the runner owns a `Lease` and its main loop calls `tick`, which
-- sets `crashbench:<run-id>:alive` (who and since when) with a TTL of ALIVE_TTL_S, every ALIVE_EVERY_S;
-- every PASS_EVERY_S, SCANs the run's namespace `crashbench:<run-id>:` and gives each key an expiry
+- sets `crashbench:{<run-id>}:alive` (who and since when) with a TTL of ALIVE_TTL_S, every ALIVE_EVERY_S;
+- every PASS_EVERY_S, SCANs the run's namespace `crashbench:{<run-id>}:` and gives each key an expiry
   of KEY_TTL_S, pushed back on each pass. A pass goes one SCAN batch per tick, so a tick stays cheap
   however many keys the run has; keys created between passes get theirs on the next pass.
 A key that carries an expiry of its own, shorter than half of ours (a heartbeat key), is left alone:
@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+
+from crashbench.run import connect
 
 KEY_TTL_S = 600  # how long a dead run's keys stay at most
 PASS_EVERY_S = 30.0  # far below KEY_TTL_S: a slow pass never lets a living run's keys expire
@@ -47,7 +49,7 @@ return n
 
 
 def namespace(prefix: str) -> str:
-    """`crashbench:<run-id>:` from any key prefix under it."""
+    """`crashbench:{<run-id>}:` from any key prefix under it (`crashbench:<run-id>:` before the hash tag)."""
     parts = prefix.split(":")
     return ":".join(parts[:2]) + ":"
 
@@ -59,7 +61,9 @@ def alive_key(ns: str) -> str:
 class Lease:
     def __init__(self, url: str, ns: str, expire: bool) -> None:
         # Short timeouts: a tick must not hold the runner's loop when the server is slow or gone.
-        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        # The namespace's keys, its alive key with them, are in one slot (the run id is a hash tag): on a
+        # cluster, the primary that holds that slot is the one server to talk to.
+        self.client = connect.node_for(url, ns, socket_timeout=2, socket_connect_timeout=2)
         self.ns = ns
         self.expire = expire
         self.owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time())})
@@ -98,7 +102,9 @@ class Lease:
 
 # -- crashbench clean ------------------------------------------------------------------------------
 
-RUN_ID = re.compile(rb"crashbench:([0-9a-f]{8}):")  # a run's namespace; nothing else is ours
+# A run's namespace, nothing else is ours: the run id in braces (its hash tag), or bare as crashbench
+# wrote it before it ran on clusters.
+RUN_ID = re.compile(rb"crashbench:(\{[0-9a-f]{8}\}|[0-9a-f]{8}):")
 SAMPLE = 100  # keys per namespace whose idle time is read
 
 

