@@ -6,32 +6,56 @@ mid-job SIGKILLs, on a private server), and what crashbench's own process costs 
     restart       median SIGKILL -> replacement READY (the result's restart_ms_median)
     counting      the saved timeline -> every count again (crashbench recount's work), seconds
     wall          the whole command, seconds
+    counts        done / lost / duplicated / interrupted, and the evidence checks' problems (0: proven)
 
-    python bench/scale.py [N ...]      (default: 2000 100000 1000000)
+    python bench/scale.py [--out DIR] [--repeat R] [N ...]   measure (default: 2000 100000 1000000, once
+                                                             each), save DIR/scale.json
 
-Result files go to results/scale/ (one per run, timelines beside them).
+    python bench/scale.py --table DIR             the README's table from DIR/scale.json, measuring nothing
+
+Each run's result file goes to results/scale/ (with its timeline: 300 MB at 10M jobs, so not kept
+in git); the figures go to DIR/scale.json (default results/readme/scale).
 """
 
 from __future__ import annotations
 
+import json
+import platform
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
 from crashbench.evidence import recount
 
-OUT = Path("results/scale")
+RUNS = Path("results/scale")
 ARGS = ["run", "--design", "reliable-batch", "--job-ms", "0", "--workers", "8", "--kills", "5", "--plain"]
 
 
-def measure(jobs: int) -> tuple[int, float | None, float, float, Path]:
-    before = set(OUT.glob("*.json"))
+@dataclass(frozen=True, slots=True)
+class Row:
+    jobs: int
+    peak_rss: int
+    restart_ms: float | None
+    counting_s: float
+    wall_s: float
+    done: int
+    lost: int
+    duplicated: int
+    interrupted: int
+    problems: int
+    result: str
+
+
+def measure(jobs: int) -> Row:
+    before = set(RUNS.glob("*.json"))
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crashbench", *ARGS, "--jobs", str(jobs), "--out", str(OUT)],
+        [sys.executable, "-m", "crashbench", *ARGS, "--jobs", str(jobs), "--out", str(RUNS)],
         stdout=subprocess.DEVNULL,
     )
     me, peak = psutil.Process(proc.pid), 0
@@ -44,27 +68,74 @@ def measure(jobs: int) -> tuple[int, float | None, float, float, Path]:
     wall = time.monotonic() - started
     if proc.returncode not in (0, 1):
         raise SystemExit(f"crashbench exited {proc.returncode} at {jobs} jobs")
-    (path,) = set(OUT.glob("*.json")) - before
+    (path,) = set(RUNS.glob("*.json")) - before
     result, timelines = recount.load(str(path))
     counted = time.monotonic()
     differences = recount.recount(result, timelines)
     counting = time.monotonic() - counted
     assert all(not r.differences for r in differences), f"{path}: the counts do not recount"
-    return peak, result.runs[0].timings.restart_ms_median, counting, wall, path
+    run = result.runs[0]
+    c = run.counts
+    return Row(
+        jobs, peak, run.timings.restart_ms_median, round(counting, 3), round(wall, 2), c.done, c.lost,
+        c.duplicated, c.interrupted, len(run.problems), path.name,
+    )  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def table(rows: list[Row]) -> list[str]:
+    """One line per job count: the median of its runs' figures; done is the fewest any run had, lost
+    and problems the most (a run that lost or mis-counted anything shows)."""
+    sizes = sorted({r.jobs for r in rows})
+    runs = {n: [r for r in rows if r.jobs == n] for n in sizes}
+    base = _median([r.peak_rss for r in runs[sizes[0]]])
+    out = [
+        "| jobs | runs | peak RSS | per job above the smallest run | restart (median) | counting | wall "
+        "| done | lost | problems |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in sizes:
+        rs = runs[n]
+        rss = _median([r.peak_rss for r in rs])
+        per_job = f"{(rss - base) / (n - sizes[0]):.0f} B" if n > sizes[0] else "-"
+        restarts = [r.restart_ms for r in rs if r.restart_ms is not None]
+        restart = f"{_median(restarts):.1f} ms" if restarts else "-"
+        out.append(
+            f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} "
+            f"| {_median([r.counting_s for r in rs]):.2f} s | {_median([r.wall_s for r in rs]):.1f} s "
+            f"| {min(r.done for r in rs):,} | {max(r.lost for r in rs)} | {max(r.problems for r in rs)} |"
+        )
+    return out
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--table"]:
+        saved = json.loads((Path(argv[1]) / "scale.json").read_text())
+        print("\n".join(table([Row(**r) for r in saved["rows"]])))
+        return 0
+    out, repeat = Path("results/readme/scale"), 1
+    while argv[:1] in (["--out"], ["--repeat"]):
+        if argv[0] == "--out":
+            out = Path(argv[1])
+        else:
+            repeat = int(argv[1])
+        argv = argv[2:]
     sizes = [int(a) for a in argv] or [2000, 100_000, 1_000_000]
-    OUT.mkdir(parents=True, exist_ok=True)
-    rows = [(n, *measure(n)) for n in sizes]
-    base_n, base_rss = rows[0][0], rows[0][1]
-    print("| jobs | peak RSS | per job above the smallest run | restart (median) | counting | wall | result |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for n, peak, restart, counting, wall, path in rows:
-        per_job = f"{(peak - base_rss) / (n - base_n):.0f} B" if n > base_n else "-"
-        shown = f"{restart:.1f} ms" if restart is not None else "-"
-        mb = peak / 2**20
-        print(f"| {n:,} | {mb:.0f} MB | {per_job} | {shown} | {counting:.2f} s | {wall:.1f} s | {path.name} |")
+    RUNS.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    # Sizes in turn, `repeat` rounds: the machine's load drifts, and each size should meet all of it.
+    rows = [measure(n) for _ in range(repeat) for n in sizes]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    saved = {
+        "schema": "crashbench.scale", "schema_version": 1, "date": time.strftime("%Y-%m-%d"), "commit": commit,
+        "python": platform.python_version(), "cpus": psutil.cpu_count(), "args": ARGS,
+        "rows": [asdict(r) for r in rows],
+    }  # fmt: skip
+    (out / "scale.json").write_text(json.dumps(saved, indent=1) + "\n")
+    print("\n".join(table(rows)))
     return 0
 
 

@@ -84,3 +84,26 @@ def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
     assert (found.pending, found.delayed, found.dead) == expected == (41, 15, 10)
     # A list comes CHUNK entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).
     assert max(len(p.items) for p in inspector.pieces(raw, q.key_patterns()) if p.type == "list") == 7
+
+
+def test_a_depth_reading_goes_on_over_ticks_and_is_dated_when_it_began(
+    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big backlog is read a slice per tick, so that the runner's loop (which restarts killed workers)
+    is never held up for the seconds a reading of millions takes; the sample is the complete reading."""
+    monkeypatch.setattr(inspector, "CHUNK", 5)
+    q = ReliableQueue(client, "insp:5:", DesignSettings())
+    client.rpush("insp:5:pending", *[json.dumps({"id": f"{i:06d}", "payload": "", "attempts": 0}) for i in range(50)])
+    raw = inspector.raw_client(valkey_url)
+    sampler = depth.Sampler()
+    sampler.SLICE = 0.0  # one piece per step
+    t = 100.0
+    while not sampler.samples:
+        assert sampler.due(t)
+        sampler.step(t, 100.0, lambda: depth.Reader(q, raw, {"000001"}))
+        t += 1.0
+    # 10 pieces of 5, one a tick, then the tick that finds none left; dated at its first tick.
+    assert t == 111.0 and [(d.t, d.pending, d.inflight) for d in sampler.samples] == [(0.0, 49, 1)]
+    assert sampler.next == 110.25 and not sampler.due(110.2)  # the next reading waits EVERY
+    sampler.step(300.0, 100.0, lambda: depth.Reader(q, raw, set()), whole=True)  # at once, a fresh one
+    assert [(d.t, d.pending) for d in sampler.samples[1:]] == [(200.0, 50)]

@@ -7,11 +7,15 @@ piece at a time (crashbench.evidence.inspector.pieces) and only counted: a readi
 jobs costs a byte per job, not the ~250 bytes that holding the whole reading did. A job found in two
 places counts where it was found first (the full reading would count it once too, as delayed if either
 place is). A library's `locate` may join keys, so its reading is taken whole, as for the counts.
+A reading in pieces can also be taken in slices of time (`Reader.step`): the entries it reads later
+are read later, as a reading of a list in chunks already was.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -20,6 +24,7 @@ import redis
 from crashbench import jobids
 from crashbench.designs import Design
 from crashbench.evidence import inspector
+from crashbench.evidence.timeline import Depth, rel
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,22 +35,84 @@ class Reading:
     taken_s: float
 
 
-def read(design: Design, raw: redis.Redis, inside: AbstractSet[str]) -> Reading:
-    started = time.perf_counter()
-    patterns = design.key_patterns()
-    if type(design).locate is not Design.locate:
-        located = design.locate(inspector.take(raw, patterns))
-        pending = sum(1 for j in located.held if j not in located.delayed and j not in inside)
-        return Reading(pending, len(located.delayed), len(located.dead), time.perf_counter() - started)
-    held, dead = jobids.Marks(), jobids.Marks()
-    pending = delayed = dead_n = 0
-    for piece in inspector.pieces(raw, patterns):
-        found = design.locate(inspector.Snapshot({piece.name: piece}))
+class Reader:
+    """One reading, taken a slice at a time on the runner's loop (`step`), so that reading a backlog of
+    ten million entries (seconds) never holds up the loop that restarts killed workers."""
+
+    def __init__(self, design: Design, raw: redis.Redis, inside: AbstractSet[str]) -> None:
+        self.design, self.raw, self.inside = design, raw, inside
+        patterns = design.key_patterns()
+        self.whole = type(design).locate is not Design.locate
+        self.pieces = None if self.whole else inspector.pieces(raw, patterns)
+        self.held, self.dead = jobids.Marks(), jobids.Marks()
+        self.pending = self.delayed = self.dead_n = 0
+        self.spent = 0.0  # seconds spent in steps: the reading's cost
+
+    def step(self, budget_s: float = math.inf) -> Reading | None:
+        """Read for about `budget_s`; the reading once it is complete, else None."""
+        started = time.perf_counter()
+        try:
+            if self.pieces is None:
+                located = self.design.locate(inspector.take(self.raw, self.design.key_patterns()))
+                self.pending = sum(1 for j in located.held if j not in located.delayed and j not in self.inside)
+                self.delayed, self.dead_n = len(located.delayed), len(located.dead)
+            else:
+                for piece in self.pieces:
+                    self._count(piece)
+                    if time.perf_counter() - started >= budget_s:
+                        return None
+        finally:
+            self.spent += time.perf_counter() - started
+        return Reading(self.pending, self.delayed, self.dead_n, self.spent)
+
+    def _count(self, piece: inspector.StoredKey) -> None:
+        found = self.design.locate(inspector.Snapshot({piece.name: piece}))
         for j in found.held:
-            if held.add(jobids.code(j)):
+            if self.held.add(jobids.code(j)):
                 if j in found.delayed:
-                    delayed += 1
-                elif j not in inside:
-                    pending += 1
-        dead_n += sum(1 for j in found.dead if dead.add(jobids.code(j)))
-    return Reading(pending, delayed, dead_n, time.perf_counter() - started)
+                    self.delayed += 1
+                elif j not in self.inside:
+                    self.pending += 1
+        self.dead_n += sum(1 for j in found.dead if self.dead.add(jobids.code(j)))
+
+
+def read(design: Design, raw: redis.Redis, inside: AbstractSet[str]) -> Reading:
+    """A whole reading at once."""
+    found = Reader(design, raw, inside).step()
+    assert found is not None
+    return found
+
+
+class Sampler:
+    """The depth chart's readings on the runner's loop: one every EVERY seconds, or less often when a
+    reading is slow (a large backlog), so that they cost at most 1/COST of the run, SLICE per tick."""
+
+    EVERY = 0.25  # seconds between readings
+    COST = 50  # ... and at least this many times as long as the last reading took (<= 2 % of the run)
+    SLICE = 0.005  # seconds of reading per tick: a big backlog is read over many ticks
+
+    def __init__(self) -> None:
+        self.samples: list[Depth] = []
+        self.next = 0.0
+        self.reading: tuple[float, Reader] | None = None  # (began, reader) in progress
+
+    def due(self, now: float) -> bool:
+        return self.reading is not None or now >= self.next
+
+    def step(self, now: float, t0: float, begin: Callable[[], Reader], whole: bool = False) -> float:
+        """Go on with the reading in progress (or begin one); `whole`: a fresh one, at once. Once it is
+        complete, its sample, dated when it began. Returns the seconds spent reading."""
+        if self.reading is None or whole:
+            self.reading = (now, begin())
+        began, reader = self.reading
+        before = reader.spent
+        found = reader.step(math.inf if whole else self.SLICE)
+        if found is not None:
+            self.reading = None
+            self.next = now + max(self.EVERY, self.COST * found.taken_s)
+            self.samples.append(Depth(rel(began, t0), found.pending, len(reader.inside), found.delayed, found.dead))
+        return reader.spent - before
+
+    def drop(self) -> None:
+        """The server went down in the middle of a reading (a broker fault): that reading is dropped."""
+        self.reading = None

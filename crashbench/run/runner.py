@@ -25,7 +25,7 @@ from crashbench.designs import Design, Job, Located, library_settings, load_desi
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, tally
 from crashbench.evidence.ledger import Ledger
-from crashbench.evidence.timeline import Depth, DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
+from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
@@ -65,8 +65,6 @@ def _jobs(ids: Sequence[str]) -> list[Job]:
 class CrashRun:
     STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
-    DEPTH_EVERY = 0.25  # seconds between the harness's readings of the queue's depth (the timeline)
-    DEPTH_COST = 50  # ... and at least this many times as long as the last reading took (<= 2 % of the run)
 
     def __init__(
         self,
@@ -156,8 +154,7 @@ class CrashRun:
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
         self.enqueues: list[tuple[float, JobIds]] = []  # (harness clock, ids) sent before the workers start
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
-        self.depth: list[Depth] = []
-        self._next_depth = 0.0
+        self.sampler = depth.Sampler()  # the harness's readings of the queue's depth (the timeline)
         self.started = 0.0  # wall clock at t0
 
     # -- the run ---------------------------------------------------------------------------------
@@ -232,7 +229,7 @@ class CrashRun:
             lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S, self.TICK,
         )  # fmt: skip
         drained_at = self.clock()
-        self._sample_depth(drained_at)  # the depth chart ends on a reading, not on the last one held over
+        self._sample_depth(drained_at, whole=True)  # the depth chart ends on a reading, not one held over
 
         self.phase = "counting"
         self._report(force=True)
@@ -254,7 +251,7 @@ class CrashRun:
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
             self._next_recover = now + self.sc.recover_every
-        if now >= self._next_depth and self.phase != "starting":
+        if self.sampler.due(now) and self.phase != "starting":
             self._sample_depth(now)
         if self.lease is not None:
             self.lease.tick(now)  # the keys' safety expiry (crashbench.run.lease)
@@ -282,18 +279,16 @@ class CrashRun:
             if self.phase in ("starting", "faults", "draining"):
                 self.sup.spawn(w.slot)
 
-    def _sample_depth(self, now: float) -> None:
-        """The queue's depth by the harness's own reading. Every DEPTH_EVERY seconds, or less often
-        when the reading is slow (a large backlog): it costs at most 1/DEPTH_COST of the run."""
-        started = self.clock()
-        inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
-        found = self._tolerant(lambda: depth.read(self.design, self.raw, inside), None)
-        cost = self.clock() - started
-        self._next_depth = now + max(self.DEPTH_EVERY, self.DEPTH_COST * cost)
-        if found is None:
-            return
-        self.inspect_s += found.taken_s
-        self.depth.append(Depth(rel(now, self.t0), found.pending, len(inside), found.delayed, found.dead))
+    def _sample_depth(self, now: float, whole: bool = False) -> None:
+        def begin() -> depth.Reader:
+            inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
+            return depth.Reader(self.design, self.raw, inside)
+
+        spent = self._tolerant(lambda: self.sampler.step(now, self.t0, begin, whole), None)
+        if spent is None:
+            self.sampler.drop()
+        else:
+            self.inspect_s += spent
 
     def _tolerant(self, call: Callable[[], T], down: T) -> T:
         """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
@@ -388,7 +383,7 @@ class CrashRun:
                 + [Mark(rel(t, t0), f"resume {worker}") for t, worker in self.worker_faults.healed],
                 key=lambda m: m.t,
             ),
-            depth=self.depth,
+            depth=self.sampler.samples,
             broker_fault=bf.record if bf else None, exits=self.exits,
             held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
