@@ -8,7 +8,9 @@ SIGKILLed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -246,10 +249,41 @@ def test_a_library_design_on_a_cluster_is_unsupported_in_one_line(cluster: Embed
         mine = exc
     assert reliable.value.message == "taskiq:reliable: " + _its_own(mine)
     assert "unexpected keyword argument 'idle_timeout'" in reliable.value.message
-    got = CliRunner().invoke(cli, ["run", "-d", "dramatiq", "--jobs", "20", "--kills", "0", "--redis-url", cluster.url])
-    assert got.exit_code == 2 and "Traceback" not in got.output
-    error = [line for line in got.output.splitlines() if "error:" in line]
-    assert len(error) == 1 and "dramatiq: unsupported on a cluster: MovedError" in error[0], got.output
+    assert crashbench_keys(cluster.url) == []
+
+
+def _bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_ends_an_unsupported_library_in_one_line_that_the_table_keeps(
+    cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    # What `make libraries-cluster` does for each design: the CLI's one line (exit 2, no traceback)
+    # kept as <design>.txt, and the library table's cell from it.
+    kept, table = _bench("libraries_cluster"), _bench("library_table")
+    args = [sys.executable, "-m", "crashbench", "run", "-d", "dramatiq", "--jobs", "20", "--kills", "0"]
+    wide = {**os.environ, "COLUMNS": "100000"}
+    got = subprocess.run([*args, "--redis-url", cluster.url], capture_output=True, text=True, env=wide, timeout=60)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    line = kept.record(tmp_path, "dramatiq", got.returncode, got.stderr)
+    assert line.startswith("dramatiq: unsupported on a cluster: MovedError: ")
+    assert (tmp_path / "dramatiq.txt").read_text() == line + "\n"
+    why = table.unsupported(tmp_path)
+    assert why == {"dramatiq": line.removeprefix("dramatiq: unsupported on a cluster: ")}
+    assert table._on_cluster(None, why["dramatiq"]) == "unsupported: MovedError"  # the node's address: below
+    assert table._on_cluster(None, "TypeError: no idle_timeout") == "unsupported: TypeError: no idle_timeout"
+    # Any other ending is not a cell: the script stops with the run's error and exit code.
+    down = subprocess.run([*args, "--redis-url", "redis://127.0.0.1:1"], capture_output=True, text=True, env=wide)
+    with pytest.raises(SystemExit) as stopped:
+        kept.record(tmp_path, "dramatiq", down.returncode, down.stderr)
+    assert stopped.value.code == ExitCode.SERVER_UNAVAILABLE == down.returncode
+    assert kept.record(tmp_path, "dramatiq", 0, "").startswith("dramatiq: ran")  # a design that runs now
+    assert not (tmp_path / "dramatiq.txt").exists()
     assert crashbench_keys(cluster.url) == []
 
 
