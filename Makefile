@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries network report-screenshot clean
+.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network report-screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -61,7 +61,16 @@ libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenari
 	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries --worker-python $(ARQ_PY); \
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
 	    --worker-python $(ARQ_PY); done
-	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
+	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+	  results/readme/libraries-cluster
+
+# The library table's cluster column: every adapter on the default scenario, 2 seeds, on an embedded
+# cluster of 3 primaries without replicas (a few minutes). A design's result file, or the one line it
+# ended with (exit 2: unsupported on a cluster), as <design>.txt, in results/readme/libraries-cluster.
+libraries-cluster: $(STAMP) $(ARQ_STAMP)  ## the library table's cluster column (3 primaries, 2 seeds)
+	$(BIN)/python bench/libraries_cluster.py results/readme/libraries-cluster $(ARQ_PY)
+	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+	  results/readme/libraries-cluster
 
 # The README's network table: each network scenario on the built-in designs, and on the library adapters
 # with one handler per worker (so that the work outlasts the fault) and a 30 s window after it (about

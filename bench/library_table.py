@@ -1,14 +1,18 @@
 """The README's library table from the result files `make libraries` writes: one row per design (the
 newest result of each), every figure the median of its seeds with (min-max) where they differ, and
-jobs/s from the runs without kills.
+jobs/s from the runs without kills; and the column "on a cluster" from what `make libraries-cluster`
+keeps (bench/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error,
+in full under the table.
 
-    python bench/library_table.py results/readme/libraries results/readme/libraries-throughput
+    python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+        results/readme/libraries-cluster
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -51,9 +55,41 @@ def newest(directory: Path) -> dict[str, Result]:
     return found
 
 
-def table(results: dict[str, Result], throughput: dict[str, Result]) -> str:
+def unsupported(directory: Path) -> dict[str, str]:
+    """design -> the one line its run on a cluster ended with (`<design>: unsupported on a cluster: ...`)."""
+    found = {}
+    for path in sorted(directory.glob("*.txt")):
+        line = path.read_text().strip()
+        design, _, why = line.partition(": unsupported on a cluster: ")
+        found[design] = why
+    return found
+
+
+def _on_cluster(runs: list[DesignRun] | None, why: str | None) -> str:
+    if why is not None:
+        # The error's type; its message too when it names no node (a redirection's slot and address
+        # say nothing the type does not). The whole line is under the table.
+        kind, _, message = why.partition(": ")
+        redirected = re.search(r"\d+ [\w.:\[\]-]+:\d+", message)
+        return f"unsupported: {kind}" + ("" if redirected or not message else f": {message}")
+    if not runs:
+        return "-"
+    cell = f"{spread([r.counts.lost for r in runs])} lost, {spread([r.counts.duplicated for r in runs])} duplicated"
+    if (stranded := spread([r.counts.stranded for r in runs])) != "0":
+        cell += f", {stranded} stranded{_where(runs)}"
+    if any(r.counts.kills_mid_job != r.counts.kills for r in runs):  # the kills that found no handler
+        cell += f" ({spread([r.counts.kills_mid_job for r in runs])} of {runs[0].counts.kills} kills mid-job)"
+    return cell
+
+
+def table(
+    results: dict[str, Result], throughput: dict[str, Result], cluster: dict[str, Result] | None = None,
+    errors: dict[str, str] | None = None,
+) -> str:  # fmt: skip
     head = ["design", "concurrency", *[c.replace("_", " ") for c in COUNTS], "recovery p50 / max", "window"]
     head.append("jobs/s without kills")
+    if cluster is not None:
+        head.append("on a cluster (3 primaries)")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for design in sorted(results, key=lambda d: ORDER.index(d) if d in ORDER else len(ORDER)):
         runs = results[design].runs
@@ -64,6 +100,8 @@ def table(results: dict[str, Result], throughput: dict[str, Result]) -> str:
         cells += [_recovery(runs), f"{runs[0].timings.window_s:g} s"]
         plain = throughput[design].runs if design in throughput else []
         cells.append(spread([round(r.timings.jobs_per_s) for r in plain]))
+        if cluster is not None:
+            cells.append(_on_cluster(cluster[design].runs if design in cluster else None, (errors or {}).get(design)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -71,12 +109,19 @@ def table(results: dict[str, Result], throughput: dict[str, Result]) -> str:
 def main() -> None:
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else "results/readme/libraries")
     throughput = Path(sys.argv[2] if len(sys.argv) > 2 else "results/readme/libraries-throughput")
+    on_cluster = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     results = newest(directory)
     if not results:
         sys.exit(f"no result files in {directory}: run `make libraries`")
-    print(table(results, newest(throughput) if throughput.is_dir() else {}))
+    cluster = newest(on_cluster) if on_cluster and on_cluster.is_dir() else None
+    errors = unsupported(on_cluster) if on_cluster and on_cluster.is_dir() else {}
+    print(table(results, newest(throughput) if throughput.is_dir() else {}, cluster, errors))
     seeds = sorted({r.seed for res in results.values() for r in res.runs})
     print(f"\n{len(results)} designs, seeds {', '.join(map(str, seeds))}; files in {directory}")
+    if cluster is not None:
+        print(f"\nOn a cluster ({len(cluster)} ran, {len(errors)} unsupported; files in {on_cluster}), in full:\n")
+        for design in sorted(errors, key=lambda d: ORDER.index(d) if d in ORDER else len(ORDER)):
+            print(f"- `{design}`: {errors[design]}")
 
 
 if __name__ == "__main__":

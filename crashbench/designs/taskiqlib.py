@@ -35,6 +35,13 @@ no setting makes one run on an idle stream. A task that raised is acked and forg
 
 [library."<design>"] entries go to taskiq's Receiver when they are its arguments (max_async_tasks,
 max_prefetch, ack_type, ...), to the thread pool as max_threadpool_threads, else to the broker.
+
+On a Redis Cluster each design takes taskiq-redis's own cluster broker, as its documentation tells a
+cluster's users to (the keys above are in the run's hash-tag slot, so a stream and its group share a
+node): ListQueueClusterBroker for taskiq, RedisStreamClusterBroker for the stream designs. The cluster
+stream broker has no claim at all (no XAUTOCLAIM, no idle_timeout or xread_count; XREADGROUP without
+COUNT, so a worker takes every entry there is), so a dead worker's entries stay pending for good; and
+taskiq:reliable's settings are refused by it, which is that design's answer on a cluster.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from taskiq import AsyncBroker, TaskiqEvents
 from taskiq.acks import AcknowledgeType
 from taskiq.cli.worker.run import shutdown_broker
 from taskiq.receiver import Receiver
-from taskiq_redis import ListQueueBroker, RedisStreamBroker
+from taskiq_redis import ListQueueBroker, ListQueueClusterBroker, RedisStreamBroker, RedisStreamClusterBroker
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.evidence.inspector import Snapshot
@@ -88,6 +95,7 @@ class TaskiqList(LibraryDesign):
     name = "taskiq"
     summary = "taskiq, taskiq-redis ListQueueBroker as installed: BRPOP, no ack, at-most-once"
     library = "taskiq_redis"
+    cluster_client = True  # taskiq-redis's cluster brokers
     DEFAULT_CONCURRENCY = MAX_ASYNC_TASKS
     drops_failed = True  # no retry middleware: a task that raised is logged and its message is gone
 
@@ -100,7 +108,8 @@ class TaskiqList(LibraryDesign):
         self.threads: int | None = self.broker_options.pop("max_threadpool_threads", settings.concurrency or None)
 
     def make_broker(self) -> AsyncBroker:
-        return ListQueueBroker(url=self.url(), queue_name=self.queue, **self.broker_options)
+        cls = ListQueueClusterBroker if self.on_cluster() else ListQueueBroker
+        return cls(url=self.url(), queue_name=self.queue, **self.broker_options)
 
     def _broker(self) -> AsyncBroker:
         broker = self.make_broker()
@@ -188,21 +197,24 @@ class TaskiqStream(TaskiqList):
                                    **self.broker_options}  # fmt: skip
 
     def make_broker(self) -> AsyncBroker:
-        return RedisStreamBroker(
-            url=self.url(), queue_name=self.stream, consumer_group_name=self.group, **self.broker_options
-        )
+        cls = RedisStreamClusterBroker if self.on_cluster() else RedisStreamBroker
+        return cls(url=self.url(), queue_name=self.stream, consumer_group_name=self.group, **self.broker_options)
 
     def idle_timeout(self) -> float:
         """Seconds an entry stays pending before another worker's XAUTOCLAIM takes it."""
         return self.broker_options.get("idle_timeout", IDLE_TIMEOUT_MS) / 1000
 
-    def redelivery_s(self) -> float:
+    def redelivery_s(self) -> float | None:
+        if self.on_cluster():
+            return None  # the cluster broker never claims a dead worker's entries
         # Idle for idle_timeout, then claimed by the next pass, which follows a read that returned
         # entries: at most one xread_block later while the stream has unread entries.
         return self.idle_timeout() + self.broker_options.get("xread_block", XREAD_BLOCK_MS) / 1000
 
     def configuration(self) -> dict[str, Any]:
         ack = AcknowledgeType(self.receiver_options.get("ack_type", AcknowledgeType.WHEN_SAVED)).value
+        if self.on_cluster():
+            return super().configuration() | {"ack": f"XACK {ack} (ack_type)", "autoclaim": "none (cluster broker)"}
         return super().configuration() | {
             "ack": f"XACK {ack} (ack_type)",
             "idle_timeout_s": self.idle_timeout(),
@@ -211,6 +223,8 @@ class TaskiqStream(TaskiqList):
         }
 
     def config_warnings(self) -> list[str]:
+        if self.on_cluster():
+            return []  # nothing is claimed there, so nothing runs twice
         idle, (tasks, threads) = self.idle_timeout(), self.handlers()
         twice = "claimed by another worker while it still runs, it runs twice"
         if warnings := self.library_timeout_warning("idle_timeout", idle, "a job is " + twice):

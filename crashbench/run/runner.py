@@ -101,7 +101,8 @@ class CrashRun:
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.on_cluster = connect.is_cluster(redis_url)
-        if self.on_cluster and self.design_cls.library:  # one node, as its users give it: its error is its answer
+        # A library without a cluster client of its own gets one node, as its users give it: its error is its answer.
+        if self.on_cluster and self.design_cls.library and not getattr(self.design_cls, "cluster_client", False):
             redis_url = connect.library_url(redis_url, self.prefix)
         self.client = connect.connect(redis_url, decode_responses=True)
         # The inspector's own connection (never the design's), to the primary that holds the run's slot.
