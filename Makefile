@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network report-screenshot clean
+.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,7 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 	  case $$s in *-worker-python.toml) wp="--worker-python $(ARQ_PY)";; *) wp="";; esac; \
 	  case $$s in *net-partition*) $(BIN)/python -c 'import sys; from crashbench.faults.netns import unavailable; \
 	    r = unavailable(); r and print("skipped", sys.argv[1] + ":", r); sys.exit(1 if r else 0)' $$s || continue;; esac; \
+	  case $$s in */cluster-*) wp="$$wp --cluster 3";; esac; \
 	  $(BIN)/crashbench check --scenario $$s --plain $$wp --out results/scenarios; \
 	  $(BIN)/crashbench recount latest --dir results/scenarios; done
 
@@ -86,6 +87,16 @@ network: $(STAMP)  ## the README's network table (network scenarios, built-in de
 	$(BIN)/crashbench compare -s scenarios/net-replica-partition.toml --designs reliable,stream --plain \
 	  --out results/readme/network
 	$(BIN)/python bench/network_table.py results/readme/network
+
+# The README's cluster failover table: each cluster-fault scenario 3 times (seeds 1-3) on a private
+# 3-primary cluster with a replica each (about 4 minutes); the table from results/readme/cluster-faults.
+CLUSTER_SCENARIOS := cluster-kill cluster-kill-wait cluster-failover cluster-failover-force
+cluster-faults: $(STAMP)  ## the README's cluster failover table (cluster-fault scenarios, 3 runs each)
+	rm -rf results/readme/cluster-faults
+	set -e; for s in $(CLUSTER_SCENARIOS); do \
+	  $(BIN)/crashbench compare -s scenarios/$$s.toml --cluster 3 --repeat 3 --plain --out results/readme/cluster-faults \
+	    || [ $$? -eq 1 ]; done  # exit 1, a threshold violated, still wrote its result: it goes in the table
+	$(BIN)/python bench/cluster_fault_table.py results/readme/cluster-faults
 
 # The README's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.

@@ -294,7 +294,11 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ('kind = "meteor"', "kind must be signal, network, broker-kill or failover, not 'meteor'"),
+        (
+            'kind = "meteor"',
+            "kind must be signal, network, broker-kill, failover, cluster-kill, cluster-failover, "
+            "cluster-failover-force, cluster-takeover, not 'meteor'",
+        ),
         ('kind = "network"\ntoxic = "gremlins"', "toxic must be one of latency, bandwidth, slicer"),
         ('kind = "network"\ntoxic = "latency"\ndirection = "sideways"', "direction must be one of upstream"),
         ('kind = "network"\ntoxic = "down"\nslot = 0\nworkers = 2', "give slot or workers, not both"),

@@ -19,15 +19,17 @@ delivered max_attempts times it goes to `dead` instead of back to pending.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, QueueState
-
-if TYPE_CHECKING:
-    import redis
 
 # KEYS: processing, pending, dead, requeued, stats, heartbeats [, high]
 # ARGV: max_attempts, worker, stale_before (a beat older than this is stale)
@@ -142,13 +144,28 @@ class ReliableQueue(Design):
         self._processing: list[str] = []  # the processing lists backlog() knows of
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
-        pipe = self.r.pipeline(transaction=False)
+        client = self.r
+        if self.settings.wait_replicas and isinstance(self.r, RedisCluster):
+            # A cluster pipeline sends WAIT, which names no key, to some node other than the pushes',
+            # where it confirms nothing about them: both go on one connection to the primary of the
+            # run's slot instead, as on one server.
+            client = self.r.get_node_from_key(self.key("pending")).redis_connection
+        pipe = client.pipeline(transaction=False)
         for job in jobs:
             pipe.lpush(self.key("pending"), json.dumps({"id": job.id, "payload": job.payload, "attempts": 0}))
         if self.settings.wait_replicas:
             # Durable only once a replica has it: a failover before that loses an acknowledged job.
             pipe.wait(self.settings.wait_replicas, self.settings.wait_ms)
-        replies = pipe.execute()
+        try:
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            if client is self.r:
+                raise
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                self.r.nodes_manager.initialize()  # a failover moved the slot: the next enqueue goes there
+            if isinstance(exc, redis.exceptions.MovedError):  # the old primary, demoted: nothing was pushed
+                raise EnqueueUnconfirmed(f"moved: {exc}") from None
+            raise
         wanted = self.settings.wait_replicas
         if wanted and replies[-1] < wanted:
             raise EnqueueUnconfirmed(f"{replies[-1]} of {wanted} replicas in {self.settings.wait_ms} ms")

@@ -71,6 +71,9 @@ class Counts:
     # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
     held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed
     acked_during_lag: int = 0  # enqueues the primary acknowledged after its replica stopped following, never completed
+    # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
+    # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
+    not_replicated: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,12 @@ def design_run(tl: Timeline) -> DesignRun:
     c.empty_acks = sum(1 for f in runs.flags if f & EMPTY_ACK)
     done = classes["done"]
     c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if j not in done)
+    if tl.broker_fault is not None and tl.broker_fault.promoted_held is not None:
+        # Acknowledged ones only: an enqueue WAIT did not confirm is indeterminate, not lost, if it is gone.
+        promoted, indeterminate = set(tl.held_after_promotion), tl.indeterminate
+        c.not_replicated = sum(
+            1 for j in set(tl.held_at_fault) if j not in promoted and j not in done and j not in indeterminate
+        )
     if produced:
         c.acked_during_lag = sum(1 for j in tl.acked_during_lag if j not in done)
     runs_of = _runs_of(runs, {j for k in kill_records for j in k.jobs})

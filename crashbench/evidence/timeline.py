@@ -16,12 +16,13 @@ result follow each other, each opened by its `run` line:
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
     net        a network fault as executed: index, toxic, slots, at, healed_at, target
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
-               -1 when it does not tell), the server ("down", "up", "failover", "replica_cut"), the
-               drain's start ("drain"), a pause healed ("resume <worker>")
+               -1 when it does not tell), the server ("down", "up", "failover", "replica_cut",
+               "rejoined"), the drain's start ("drain"), a pause healed ("resume <worker>")
     broker_fault   the broker fault as executed
     depth      the harness's reading of the queue: t, pending, inflight, delayed, dead
     exit       a worker that ended on its own
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
+    held_after_promotion  a cluster fault: the ids the promoted replica held as it was promoted (ditto)
     located    the harness's final reading of Redis              state   the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
@@ -126,6 +127,7 @@ class Timeline:
     broker_fault: BrokerFaultRecord | None = None
     exits: list[WorkerExit] = field(default_factory=list)
     held_at_fault: list[str] = field(default_factory=list)
+    held_after_promotion: list[str] = field(default_factory=list)  # a cluster fault: the promoted replica's reading
     located: Located = field(default_factory=Located)
     state: QueueState = field(default_factory=QueueState)
     faults_end: float = 0.0
@@ -199,6 +201,8 @@ class Timeline:
         for x in self.exits:
             yield {"e": "exit", **asdict(x)}
         yield {"e": "held_at_fault", "ids": self.held_at_fault}
+        if self.held_after_promotion:
+            yield {"e": "held_after_promotion", "ids": self.held_after_promotion}
         loc = self.located
         yield {
             "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
@@ -321,6 +325,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.exits.append(WorkerExit(**d))
     elif e == "held_at_fault":
         tl.held_at_fault = d["ids"]
+    elif e == "held_after_promotion":
+        tl.held_after_promotion = d["ids"]
     elif e == "located":
         tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]))
     elif e == "state":

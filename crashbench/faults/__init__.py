@@ -19,7 +19,11 @@ A scenario describes its faults two ways, and a run may have both:
       [[faults]]
       kind = "broker-kill"        # or "failover"; the server's persistence etc. stay in [broker]
       at = 1.0
-      downtime = 0.5              # broker-kill only
+      downtime = 0.5              # broker-kill and cluster-kill only
+
+      [[faults]]
+      kind = "cluster-kill"       # or "cluster-failover", "cluster-failover-force", "cluster-takeover":
+      at = 1.0                    # the run's shard of crashbench's own cluster (crashbench.faults.cluster)
 
       [[faults]]
       kind = "network"            # a toxic on the workers' connections (crashbench.faults.proxy)
@@ -60,7 +64,9 @@ PARTITION_TOXICS = ("drop", "reject", "loss")
 NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", "target", *TOXIC_ATTRIBUTES)
 NETWORK_TARGETS = ("workers", "producer", "replica")
 BROKER_KEYS = ("kind", "at", "downtime")
-BROKER_KINDS = {"broker-kill": "kill", "failover": "failover"}  # [[faults]] kind -> [broker] fault
+CLUSTER_KINDS = ("cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover")
+# [[faults]] kind -> [broker] fault (a cluster fault's kind is its own name)
+BROKER_KINDS = {"broker-kill": "kill", "failover": "failover", **{k: k for k in CLUSTER_KINDS}}
 
 
 def plan(scenario: Scenario) -> list[Fault]:
@@ -87,8 +93,9 @@ def plan(scenario: Scenario) -> list[Fault]:
                       duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0)
             )  # fmt: skip
     if sc.fault != "none":
-        kind = "broker-kill" if sc.fault == "kill" else "failover"
-        out.append(Fault(len(out), sc.fault_at, -1, kind, duration=sc.downtime if kind == "broker-kill" else 0.0))
+        kind = {"kill": "broker-kill"}.get(sc.fault, sc.fault)
+        downtime = sc.downtime if kind in ("broker-kill", "cluster-kill") else 0.0
+        out.append(Fault(len(out), sc.fault_at, -1, kind, duration=downtime))
     return [dataclasses.replace(f, index=i) for i, f in enumerate(sorted(out, key=lambda f: f.at))]
 
 
@@ -160,7 +167,7 @@ def parse_entries(entries: list[Any], values: dict[str, Any], problems: list[str
             schedule.append({k: v for k, v in entry.items() if k != "kind"})
         else:
             problems.append(
-                f"[[faults]] entry {n}: kind must be signal, network, broker-kill or failover, not {kind!r}"
+                f"[[faults]] entry {n}: kind must be signal, network, {', '.join(BROKER_KINDS)}, not {kind!r}"
             )
     values["schedule"] = tuple(schedule)
 

@@ -158,6 +158,7 @@ class BrokerFaults:
         self.t0 = 0.0
         self.record: BrokerFaultRecord | None = None
         self.held_at_fault: set[str] = set()  # the harness's reading when the fault struck
+        self.held_after_promotion: set[str] = set()  # read on a cluster only (crashbench.faults.cluster)
         self._cut = not replica_lag
         self._back_due: float | None = None
 

@@ -18,11 +18,12 @@ class Fault:
     index: int
     at: float  # its start, seconds after the workers start
     slot: int  # the worker slot it hits; -1: the server, or every slot in `slots` (a network fault)
-    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network"
+    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network",
+    # or a cluster fault: "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover"
     signal: str = "SIGKILL"  # a signal fault's signal
     kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
     target: str = "tree"  # a process-tree worker's: tree, parent, child; a network fault's: workers, producer, replica
-    duration: float = 0.0  # a pause's (SIGSTOP), a broker kill's downtime, a network fault's; 0: no end
+    duration: float = 0.0  # a pause's (SIGSTOP), a broker or cluster kill's downtime, a network fault's; 0: no end
     slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.faults.proxy)
     toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
 
@@ -62,13 +63,21 @@ class KillRecord:
 class BrokerFaultRecord:
     """The broker fault as executed (crashbench.faults.broker). Times are seconds since the workers started."""
 
-    kind: str  # "kill" | "failover"
+    kind: str  # "kill" | "failover" | a cluster fault's kind (crashbench.faults.cluster.KINDS)
     persistence: str
     at: float
     held_at_fault: int  # jobs the queue held (its state()) just before the fault
     held_ids: list[str]  # ... their ids (the first 100)
     acknowledged_before: int  # enqueues acknowledged before the fault
     back_at: float | None = None  # the restarted server (or the promoted replica) answered
+    # A cluster fault (crashbench.faults.cluster): the replication offsets of the primary as it was
+    # struck (writes paused) and the one the replica took over at; how many jobs the promoted replica
+    # held (the harness's reading as it was promoted; None: not read, a graceful failover); when the
+    # old primary followed the promoted one.
+    primary_offset: int | None = None
+    promoted_offset: int | None = None
+    promoted_held: int | None = None
+    rejoined_at: float | None = None
 
 
 @dataclass(slots=True)

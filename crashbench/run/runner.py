@@ -28,6 +28,7 @@ from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
+from crashbench.faults.cluster import ClusterBroker, ClusterFaults
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.jobids import JobIds
 from crashbench.report.results import DesignRun, WorkerExit
@@ -80,7 +81,7 @@ class CrashRun:
         variant: str = "",
         worker_python: WorkerPython | None = None,
         repeat: int = 0,
-        broker: Broker | None = None,
+        broker: Broker | ClusterBroker | None = None,
         external: bool = False,  # a server crashbench did not start: the run's keys get a lease
         warn: Callable[[str], None] | None = None,  # told, before the run starts, what in its settings is unsafe
     ) -> None:
@@ -118,7 +119,7 @@ class CrashRun:
         settings = scenario.settings(design_spec)
         wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
         self.planned = plan(scenario)
-        self.broker_faults: BrokerFaults | None = None
+        self.broker_faults: BrokerFaults | ClusterFaults | None = None
         self.network_faults: NetworkFaults | None = None
         self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
         self.external = external
@@ -316,7 +317,8 @@ class CrashRun:
             )
             network.t0 = self.t0
         if self.broker is not None and producer is not None:
-            broker = self.broker_faults = BrokerFaults(
+            faults = ClusterFaults if isinstance(self.broker, ClusterBroker) else BrokerFaults
+            broker = self.broker_faults = faults(
                 self.planned, self.broker, producer, self.sc.replica_lag, self.sc.persistence, self._locate,
                 self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
             )  # fmt: skip
@@ -354,8 +356,8 @@ class CrashRun:
 
     # -- counting --------------------------------------------------------------------------------
 
-    def _locate(self) -> Located:
-        snapshot = inspector.take(self.raw, self.design.key_patterns())
+    def _locate(self, raw: redis.Redis | None = None) -> Located:
+        snapshot = inspector.take(raw or self.raw, self.design.key_patterns())
         self.inspect_s += snapshot.taken_s
         return self.design.locate(snapshot)
 
@@ -387,6 +389,7 @@ class CrashRun:
             depth=self.sampler.samples,
             broker_fault=bf.record if bf else None, exits=self.exits,
             held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
+            held_after_promotion=sorted(bf.held_after_promotion) if bf else [],
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
             inspect_s=round(self.inspect_s, 4), workdir=str(self.dir) if self.keep_dir else None,
         )  # fmt: skip

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -29,6 +30,9 @@ from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.run import connect, workdirs
 from crashbench.run.reaper import become_subreaper, die_with_parent, end_sessions
 from crashbench.run.redact import redact_text, redact_url
+
+if TYPE_CHECKING:
+    from crashbench.run.cluster import EmbeddedCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,8 @@ class ServerInfo:
     pid: int | None = None  # the embedded server's process, for its CPU and memory figures
     primaries: int = 0  # a cluster's primaries that serve slots, and its replicas in all; 0 for one server
     replicas: int = 0
+    # The embedded cluster itself (--cluster), which a cluster fault may fault (crashbench.faults.cluster).
+    embedded_cluster: EmbeddedCluster | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def shown_url(self) -> str:
@@ -253,7 +259,8 @@ def open_server(
         embedded = EmbeddedCluster(find_server_binary(binary), *cluster)
         try:
             embedded.start()
-            yield describe(embedded.url, "embedded", str(embedded.binary))
+            info = describe(embedded.url, "embedded", str(embedded.binary))
+            yield dataclasses.replace(info, embedded_cluster=embedded)
         finally:
             embedded.stop()
         return

@@ -18,6 +18,8 @@ import redis
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
+from crashbench.faults.cluster import KINDS as CLUSTER_FAULTS
+from crashbench.faults.cluster import cluster_broker
 from crashbench.report.results import Result, environment, new_id, now_iso, summarize
 from crashbench.run import workdirs
 from crashbench.run.interpreter import WorkerPython
@@ -121,11 +123,32 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
     return libraries
 
 
+def _check_cluster_faults(plan: Plan, cluster: tuple[int, int] | None) -> None:
+    """A cluster fault needs crashbench's own cluster, with a replica to promote; a kill, a majority
+    of primaries to see the primary fail and vote for its replica."""
+    for scenario, _, _ in plan:
+        if scenario.fault not in CLUSTER_FAULTS:
+            continue
+        if cluster is None:
+            raise UsageError(
+                f"a cluster fault ({scenario.fault}) acts on a cluster crashbench started, not on one server",
+                hint="give --cluster 3 (it starts one, with a replica per primary); leave out --redis-url",
+            )
+        if cluster[1] < 1:
+            raise UsageError(f"a cluster fault ({scenario.fault}) promotes a replica: --cluster-replicas 0 has none")
+        if scenario.fault == "cluster-kill" and cluster[0] < 3:
+            raise UsageError(
+                f"cluster-kill on {cluster[0]} primaries: a cluster promotes a replica only when a majority of "
+                "the other primaries sees its primary fail",
+                hint="give --cluster 3 or more",
+            )
+
+
 def _check_cluster(plan: Plan) -> None:
     """What a cluster cannot be used for yet: the server-level faults act on one server (its process,
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
-        if scenario.fault != "none":
+        if scenario.fault in ("kill", "failover"):
             raise UsageError(f"a broker fault ({scenario.fault}) acts on one server: not on a cluster yet")
         if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.schedule):
             raise UsageError(
@@ -143,6 +166,7 @@ def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence
 
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
+    _check_cluster_faults(plan, options.cluster)
     libraries = _check_designs(plan, options)
     if options.cluster is not None:
         _check_cluster(plan)
@@ -187,7 +211,11 @@ def _run_on_server(
                 for index, (scenario, spec, variant) in enumerate(plan):
                     with contextlib.ExitStack() as own:
                         url, broker = server.url, None
-                        if scenario.fault != "none":  # a fresh server per run, which the run may kill
+                        if server.embedded_cluster is not None and scenario.fault in CLUSTER_FAULTS:
+                            # The session's cluster, its run's shard faulted and healed again after
+                            broker = own.enter_context(cluster_broker(server.embedded_cluster, f"{{{run_id}}}"))
+                            url = broker.url
+                        elif scenario.fault != "none":  # a fresh server per run, which the run may kill
                             broker = own.enter_context(
                                 broker_servers(scenario.fault, scenario.persistence, options.server_binary)
                             )

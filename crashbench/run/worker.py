@@ -36,8 +36,12 @@ from crashbench.run.redact import redact_url, secrets_of
 from crashbench.run.workload import Workload
 
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
-# What a client sees while the server is down, restarting, loading its data or demoted.
-DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError)
+# What a client sees while the server is down, restarting, loading its data or demoted; on a cluster,
+# also while a slot's primary is down and not yet replaced (CLUSTERDOWN, a slot map that says nothing).
+DOWN = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError,
+    redis.exceptions.ClusterError, redis.exceptions.TryAgainError, redis.exceptions.SlotNotCoveredError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +191,9 @@ class Connector:
             pause = min(pause * 2, 0.2)
             design = self.design()
             try:
-                design.r.ping()
+                # A read of the run's slot, not a PING: on a cluster, any node answers PING while the
+                # run's primary is down and its replica not yet promoted.
+                design.r.exists(self.spec.prefix)
                 return design
             except DOWN:
                 design.r.close()

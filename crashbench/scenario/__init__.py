@@ -197,8 +197,13 @@ class Scenario:
         p += self._network_combinations()
         lag, at = self.replica_lag, self.fault_at
         if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
-            if lag and self.fault != "failover":
-                p.append('broker.replica_lag is for fault = "failover" (a replica that falls behind its primary)')
+            if lag and self.fault in ("none", "kill"):
+                p.append("broker.replica_lag is for a failover (a replica that falls behind its primary)")
+            elif lag and self.fault == "cluster-failover":
+                p.append(
+                    "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a "
+                    "cut-off replica never does; use cluster-failover-force or cluster-takeover"
+                )
             if lag > at:
                 p.append(f"broker.replica_lag {lag} must not be longer than broker.fault_at {at}")
         return p

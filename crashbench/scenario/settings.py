@@ -29,7 +29,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
-BROKER_FAULTS = ("none", "kill", "failover")  # failover: kill the primary, promote its replica
+# failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster
+BROKER_FAULTS = ("none", "kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
+                 "cluster-takeover")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 
 SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}

