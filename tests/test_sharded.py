@@ -105,6 +105,8 @@ def test_sharded_on_a_cluster_spreads_over_primaries_with_exact_counts_and_clean
         listed = CliRunner().invoke(cli, ["clean", "--redis-url", url])
         assert listed.exit_code == 0 and listed.output.count("crashbench:{") == 1, listed.output
         assert "1 namespaces; 0 whose run is gone" in listed.output and "alive" in listed.output, listed.output
+        row = next(line for line in listed.output.splitlines() if ns in line)
+        assert str(len(keys) - 1) in row.split(), row  # every key but the alive key, shards' included
         probe.delete(ns + "alive")  # the run is gone now
         removed = CliRunner().invoke(cli, ["clean", "--redis-url", url, "--yes", "--grace", "0"])
         assert f"removed 1 whose run is gone ({len(keys) - 1} keys)" in removed.output, removed.output
