@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from redis.crc import key_slot
 
+from crashbench.bench import BenchSettings, run_bench
 from crashbench.cli import cli
 from crashbench.designs import DesignSettings, Job
 from crashbench.designs.sharded import ShardedQueue
@@ -179,6 +180,20 @@ def test_a_worker_takes_from_its_home_shard_first_then_steals(valkey_url: str) -
     assert harness.backlog() == 0 and harness.state().held == {}
     cleanup_keys(valkey_url, prefix)
     client.close()
+
+
+def test_bench_measures_the_sharded_design_on_a_cluster_with_every_primary_counted(cluster: EmbeddedCluster) -> None:
+    # reliable too: its scripts need every key of a measurement in one slot (the bench prefix's hash tag).
+    settings = BenchSettings(("sharded", "reliable"), (2,), 300, repeat=1, latency_jobs=30, restarts=1, memory_jobs=500)
+    result = run_bench(settings, redis_url=cluster.url)
+    m, other = result.measurements
+    assert other.design == "reliable" and other.jobs_per_s > 0 and other.commands["lrem"] == 300
+    assert m.jobs == 300 and m.jobs_per_s > 0 and m.bare_jobs_per_s > 0 and m.latency["all"].n == 30
+    # Each job is moved once (LMOVE, or BLMOVE once a worker waits) and acked once, on three primaries:
+    # INFO of one primary alone would count about a third of them.
+    assert m.commands.get("lmove", 0) + m.commands.get("blmove", 0) >= 300 and m.commands["lrem"] == 300
+    assert m.server_cpu is None and [x.structure for x in result.memory] == ["list", "stream"]
+    assert crashbench_keys(cluster.url) == []
 
 
 def test_queue_shards_at_its_default_leaves_the_fingerprint_as_before_the_setting() -> None:
