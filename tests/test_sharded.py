@@ -4,6 +4,7 @@ removed on every primary."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 import zlib
@@ -200,3 +201,19 @@ def test_queue_shards_at_its_default_leaves_the_fingerprint_as_before_the_settin
     # Scenario().fingerprint() before queue.shards existed (commit 7dc185b): stored results stay comparable.
     assert Scenario().fingerprint() == "8557c0e9c341"
     assert Scenario(shards=3).fingerprint() != "8557c0e9c341"
+
+
+def test_the_readme_sharded_table_is_what_its_result_files_give() -> None:
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme.split("\n### The sharded design on a cluster\n", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| reliable") or line.startswith("| sharded")]
+    figures = []
+    for path in sorted((root / "results" / "readme" / "sharded").glob("*.json")):
+        data = json.loads(path.read_text())
+        for point in data["points"]:
+            j = point["jobs_per_s"]
+            figures.append(f"{round(j['median']):,} ({round(j['min']):,}–{round(j['max']):,})")
+            assert j["n"] == 3 and data["settings"]["workers"] == [8] and data["settings"]["jobs"] == 20000
+    assert len(rows) == len(figures) == 5
+    assert sorted(f for f in figures if any(f in row for row in rows)) == sorted(figures)
