@@ -107,7 +107,8 @@ class Design(ABC):
     """Base class for a queue design under test. Subclass it, set `name`, implement the abstract methods.
 
     `client` is a redis-py client with decode_responses=True. Every key must start with `prefix`
-    (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself.
+    (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself; a design
+    that sets `spread` may also use shard prefixes of it (crashbench.run.connect.shard_prefix).
     Times (`now`) are the harness clock: time.monotonic() seconds, shared by all processes on a host.
     """
 
