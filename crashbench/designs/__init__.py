@@ -138,9 +138,8 @@ class Design(ABC):
     # queue that can hold a job where backlog() cannot see it for a while (saq's sweep holds one in
     # memory while it waits on its worker, then puts it back).
     SETTLE_S: ClassVar[float] = 0.0
-    # True when the design's keys span several hash slots (shard prefixes, crashbench.run.connect.
-    # shard_prefix): the harness then reads and expires them on every primary of a cluster, not on the
-    # one primary of the run's slot.
+    # True when its keys span hash slots (crashbench.run.connect.shard_prefix): the harness then reads and
+    # expires them on every primary of a cluster, not on the one of the run's slot.
     spread: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
