@@ -313,9 +313,11 @@ def test_cluster_options_that_contradict_are_usage_errors(args: list[str], says:
     assert got.exit_code == 2 and says in got.output, got.output
 
 
-def test_bench_refuses_a_cluster(cluster: EmbeddedCluster) -> None:
-    got = CliRunner().invoke(cli, ["bench", "--designs", "naive", "--redis-url", cluster.url])
-    assert got.exit_code == 2 and "measures one server, not a cluster" in got.output, got.output
+def test_bench_on_a_cluster_refuses_the_proxy_in_one_line(cluster: EmbeddedCluster) -> None:
+    # bench runs on a cluster (tests/test_sharded.py), but the proxy stands in front of one address.
+    got = CliRunner().invoke(cli, ["bench", "--designs", "naive", "--proxy", "--redis-url", cluster.url])
+    assert got.exit_code == 2 and "the proxy fronts one server, not a cluster" in got.output, got.output
+    assert crashbench_keys(cluster.url) == []
 
 
 def test_a_cluster_not_ready_in_time_is_stopped_and_removed() -> None:

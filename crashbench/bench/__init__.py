@@ -16,6 +16,8 @@ One measurement (design x worker count x repeat), on the session's server, under
 Restart (SIGKILL an idle worker -> its replacement READY, as in every crash run) is measured per design,
 and the memory of 1M queued jobs once, for a list and a stream backlog (the guide's step 4). With
 `proxy`, the network fault proxy's cost with no toxic on too (crashbench.bench.proxy).
+On a cluster (`--cluster N` or a cluster's URL) the same, with the commands summed over its primaries;
+the server's CPU and memory are one process's figures, left out there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -37,13 +38,14 @@ import psutil
 import redis
 
 from crashbench.bench import proxy
+from crashbench.bench.figures import children_cpu, commandstats, cpu, delta, quantile
 from crashbench.bench.memory import memory
 from crashbench.bench.results import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
 from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.evidence.ledger import Ledger
 from crashbench.report.results import environment, new_id, now_iso
-from crashbench.run import workdirs
+from crashbench.run import connect, workdirs
 from crashbench.run.server import ServerInfo, cleanup_keys, open_server
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor, WorkerProcess
@@ -64,19 +66,6 @@ def _check_stop() -> None:
         raise Interrupted("interrupted: workers stopped, nothing left running")
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
-def _commandstats(client: redis.Redis) -> dict[str, int]:
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
-
-
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    # INFO itself is ours, not the design's.
-    return {k: n for k, v in after.items() if k != "info" and (n := v - before.get(k, 0)) > 0}
-
-
 class _Session:
     """The workers and prefix of one measurement; everything is stopped and cleaned in `close`."""
 
@@ -86,8 +75,10 @@ class _Session:
         self.server = server
         self.cls = load_design(spec)
         self.prefix = f"crashbench:{tag}:{safe_name(spec)}:"
-        self.client = redis.Redis.from_url(server.url, decode_responses=True)
-        dsettings = DesignSettings(batch_size=settings.batch_size)
+        self.client = connect.connect(server.url, decode_responses=True)
+        self.nodes = connect.primaries(server.url, decode_responses=True)  # for INFO, a server-wide figure
+        self.client.ping()  # its connection's handshake now, not among the enqueue's commands
+        dsettings = DesignSettings(batch_size=settings.batch_size, shards=settings.shards)
         self.design: Design = self.cls(self.client, self.prefix, dsettings)
         self.design.setup()
         self.wspec = WorkerSpec(server.url, self.cls, self.prefix, dsettings, Workload(job_ms=settings.job_ms))
@@ -159,7 +150,8 @@ class _Session:
         self.ledger.close()
         with contextlib.suppress(redis.RedisError):
             cleanup_keys(self.server.url, self.prefix)
-        self.client.close()
+        for client in [self.client, *self.nodes]:
+            client.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -218,21 +210,6 @@ def _enqueue(design: Design, jobs: list[Job]) -> float:
     return time.perf_counter() - start
 
 
-def _cpu(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return t.user + t.system
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def measure(server: ServerInfo, spec: str, settings: BenchSettings, workers: int, repeat: int, tag: str) -> Measurement:
     s = _Session(server, spec, settings, workers, tag)
     try:
@@ -241,11 +218,11 @@ def measure(server: ServerInfo, spec: str, settings: BenchSettings, workers: int
         bare_first = repeat % 2 == 1
         bare_jobs_per_s = _bare(s, settings) if bare_first else 0.0
         # 1. enqueue
-        before = _commandstats(s.client)
+        before = commandstats(s.nodes)
         enqueue_s = _enqueue(s.design, _jobs("t", n, settings.high_share))
-        enqueued = _commandstats(s.client)
+        enqueued = commandstats(s.nodes)
         # 2. throughput, harness workers
-        server_cpu0, client_cpu0 = _cpu(server.pid), _children_cpu()
+        server_cpu0, client_cpu0 = cpu(server.pid), children_cpu()
         peak = [0]
         server_proc = psutil.Process(server.pid) if server.pid else None
 
@@ -256,9 +233,9 @@ def measure(server: ServerInfo, spec: str, settings: BenchSettings, workers: int
 
         wall = s.run_queued(n, sample)
         s.stop()  # every call the workers sent has returned: the count is complete
-        after = _commandstats(s.client)
-        server_cpu1 = _cpu(server.pid)
-        client_cpu = (_children_cpu() - client_cpu0) / wall if wall else 0.0
+        after = commandstats(s.nodes)
+        server_cpu1 = cpu(server.pid)
+        client_cpu = (children_cpu() - client_cpu0) / wall if wall else 0.0
         jobs_per_s = n / wall
         # 3. latency at half that rate, with fresh workers
         s.wait_ready(s.start(bare=False))
@@ -267,11 +244,11 @@ def measure(server: ServerInfo, spec: str, settings: BenchSettings, workers: int
         # 4. the bare loop
         if not bare_first:
             bare_jobs_per_s = _bare(s, settings)
-        worker_cmds = _delta(after, enqueued)
+        worker_cmds = delta(after, enqueued)
         return Measurement(
             design=spec, workers=workers, repeat=repeat, jobs=n, jobs_per_s=round(jobs_per_s, 1),
             bare_jobs_per_s=round(bare_jobs_per_s, 1), enqueue_per_s=round(n / enqueue_s, 1),
-            enqueue_commands_per_job=round(sum(_delta(enqueued, before).values()) / n, 4),
+            enqueue_commands_per_job=round(sum(delta(enqueued, before).values()) / n, 4),
             commands_per_job=round(sum(worker_cmds.values()) / n, 4),
             commands=dict(sorted(worker_cmds.items())),
             latency=latency,
@@ -305,7 +282,7 @@ def _latency(s: _Session, settings: BenchSettings, rate: float) -> dict[str, Lat
     for name, members in (("all", ids), ("high", high), ("low", ids - high)):
         values = sorted((ended[j] - enqueued_at[j]) * 1000 for j in members)
         if values:
-            p50, p99 = round(_quantile(values, 0.50), 3), round(_quantile(values, 0.99), 3)
+            p50, p99 = round(quantile(values, 0.50), 3), round(quantile(values, 0.99), 3)
             out[name] = Latency(p50, p99, round(values[-1], 3), len(values))
     return out
 
@@ -362,6 +339,7 @@ def run_bench(
     redis_url: str | None = None,
     server_binary: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    cluster: tuple[int, int] | None = None,  # an embedded cluster: (primaries, replicas per primary)
 ) -> BenchResult:
     for spec in settings.designs:
         load_design(spec)  # an unknown design is a usage error before the server starts
@@ -369,30 +347,30 @@ def run_bench(
     run_id = secrets.token_hex(4)
     started = time.monotonic()
     _stop.raised = False
-    with _stop.installed(), open_server(redis_url, server_binary) as server:
-        if server.cluster:  # its keys, its server figures (CPU, memory, commands) are one server's
-            raise UsageError("crashbench bench measures one server, not a cluster (yet)")
+    with _stop.installed(), open_server(redis_url, server_binary, cluster=cluster) as server:
+        if server.cluster and settings.proxy:  # the proxy stands in front of one address
+            raise UsageError("bench --proxy: the proxy fronts one server, not a cluster")
         try:
             # First: a server the proxy cannot front (a unix socket) fails the bench now, not at its end.
-            costs = proxy.costs(server, settings, jobs_per_s, run_id, progress) if settings.proxy else []
+            costs = proxy.costs(server, settings, jobs_per_s, f"{{{run_id}}}", progress) if settings.proxy else []
             measurements: list[Measurement] = []
             for spec in settings.designs:
                 for workers in settings.workers:
                     for repeat in range(settings.repeat):
                         progress(f"{spec}: {workers} workers, repeat {repeat + 1}/{settings.repeat}")
-                        tag = f"{run_id}:b{len(measurements)}"
+                        tag = f"{{{run_id}}}:b{len(measurements)}"  # a hash tag: a design's keys in one slot
                         measurements.append(measure(server, spec, settings, workers, repeat, tag))
             restart = []
             for spec in settings.designs:
                 progress(f"{spec}: restarts")
-                restart.append(restarts(server, spec, settings, f"{run_id}:r-{safe_name(spec)}"))
+                restart.append(restarts(server, spec, settings, f"{{{run_id}}}:r-{safe_name(spec)}"))
             progress("memory per 1M queued jobs")
-            mem = memory(server, settings.memory_jobs, run_id, _check_stop) if settings.memory_jobs else []
+            mem = memory(server, settings.memory_jobs, f"{{{run_id}}}", _check_stop) if settings.memory_jobs else []
             env = environment(server, {})
         finally:
-            if server.mode == "external":  # what an interruption left (the memory backlog), never others'
+            if server.external:  # what an interruption left (the memory backlog), never others'
                 with contextlib.suppress(redis.RedisError):
-                    cleanup_keys(server.url, f"crashbench:{run_id}:")
+                    cleanup_keys(server.url, f"crashbench:{{{run_id}}}:")
     return BenchResult(
         new_id(run_id), now_iso(), settings, measurements, summarize(measurements), restart, mem, env,
         round(time.monotonic() - started, 2), costs,

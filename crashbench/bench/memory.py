@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import redis
-
 from crashbench.bench.results import Memory
+from crashbench.run import connect
 from crashbench.run.server import ServerInfo
 
 
 def memory(server: ServerInfo, jobs: int, tag: str, check: Callable[[], None] = lambda: None) -> list[Memory]:
     """MEMORY USAGE of a backlog of `jobs` jobs as a list (LPUSH) and as a stream (XADD), per job.
     `check` is called between batches: it raises to stop (crashbench bench's stop flag)."""
-    client = redis.Redis.from_url(server.url, decode_responses=True)
+    client = connect.connect(server.url, decode_responses=True)  # one key: its primary, on a cluster
     prefix = f"crashbench:{tag}:memory:"
     out = []
     try:

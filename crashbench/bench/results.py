@@ -28,6 +28,7 @@ class BenchSettings:
     restarts: int = 5
     memory_jobs: int = 100_000  # backlog size the memory per 1M jobs is extrapolated from; 0 = skip
     batch_size: int = 10
+    shards: int = 0  # the sharded design's shards (queue.shards); 0 = one per cluster primary, 1 on one server
     proxy: bool = False  # also the network fault proxy's cost with no toxic on (crashbench.bench.proxy)
 
 

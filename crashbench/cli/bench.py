@@ -52,6 +52,13 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
     help="Jobs per round trip for the batching designs.",
 )
 @click.option(
+    "--shards",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Shards of the sharded design; 0 = one per primary of a cluster, 1 on one server.",
+)
+@click.option(
     "--memory-jobs",
     type=click.IntRange(min=0),
     default=100_000,
@@ -65,6 +72,8 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
 )
 @base.REDIS_URL
 @base.SERVER
+@base.CLUSTER
+@base.CLUSTER_REPLICAS
 @base.OUT
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the tables.")
 @click.option("--plain", is_flag=True, help="ASCII tables, no colours.")
@@ -76,17 +85,21 @@ def bench(
     job_ms: float,
     repeat: int,
     batch_size: int,
+    shards: int,
     memory_jobs: int,
     proxy: bool,
     redis_url: str | None,
     server_binary: str | None,
+    cluster: int | None,
+    cluster_replicas: int | None,
     out_path: Path,
     as_json: bool,
     plain: bool,
 ) -> None:
     """Throughput and cost of each design without faults: jobs/s against a bare loop of the design's own
     commands, enqueue rate, latency, Redis commands per job, CPU, server memory, worker restart time;
-    with --proxy, what the network fault proxy costs the workers with no toxic on."""
+    with --proxy, what the network fault proxy costs the workers with no toxic on. On a cluster (--cluster
+    N, or its URL) the commands are summed over its primaries, and the server's CPU and memory left out."""
     base.configure_output({"plain": plain})
     names = tuple(d.strip() for d in designs.split(",") if d.strip())
     if not names:
@@ -94,14 +107,16 @@ def bench(
     store.check_out(out_path)  # before the run, not after minutes of measuring
     settings = BenchSettings(
         names, int_list(workers_text, "--workers"), jobs, job_ms, repeat, batch_size=batch_size,
-        memory_jobs=memory_jobs, proxy=proxy,
+        memory_jobs=memory_jobs, proxy=proxy, shards=shards,
     )  # fmt: skip
+    on_cluster = base.cluster_option({"cluster": cluster, "cluster_replicas": cluster_replicas})
     show = (
         (lambda line: base.err.print(f"[dim]{line}[/]", highlight=False))
         if base.err.is_terminal and not as_json
         else (lambda _: None)
     )
-    result = run_bench(settings, redis_url, server_binary, show)  # its own stop flag: Ctrl-C, SIGTERM -> 130
+    # Its own stop flag: Ctrl-C, SIGTERM -> 130.
+    result = run_bench(settings, redis_url, server_binary, show, on_cluster)
     try:
         path = result.write(out_path)
     except OSError as exc:

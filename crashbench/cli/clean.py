@@ -41,20 +41,21 @@ def clean(redis_url: str, yes: bool, grace: float) -> None:
     alive; with --yes, remove those whose run is gone. No other key is touched."""
     # The URL may carry a password: messages name the server without it.
     try:
-        # A cluster (its URL, or a node's plain one) is read primary by primary: a namespace's keys are all
-        # in one slot (the run id is a hash tag), so each namespace is on one of them.
+        # A cluster (its URL, or a node's plain one) is read primary by primary: a namespace's keys are in
+        # its hash tag's slot, a sharded design's also in its shards' slots on other primaries.
         redis_url = connect.resolved(redis_url)
         clients = connect.primaries(redis_url, socket_connect_timeout=5, socket_timeout=30)
+        router = connect.connect(redis_url, socket_connect_timeout=5, socket_timeout=30)
     except ValueError as exc:
         raise ServerUnavailable(f"bad --redis-url: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
         raise ServerUnavailable(f"cannot reach the server of --redis-url: {type(exc).__name__}") from None
     try:
-        listed = sorted((e for c in clients for e in namespaces(c)), key=lambda n: n.ns)
+        listed = namespaces(clients, router)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ServerUnavailable(f"cannot reach the server of --redis-url: {type(exc).__name__}") from None
     finally:
-        for c in clients:
+        for c in [*clients, router]:
             c.close()
     table = Table(title="crashbench namespaces", title_justify="left")
     for column in ("namespace", "keys", "run", "action"):

@@ -111,6 +111,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--retry-jitter", "retry_jitter", FINITE, "Plus up to this fraction of the delay at random (queue.retry_jitter)."),
     ("--heartbeat-every", "heartbeat_every", FINITE, "Heartbeat inside handlers every N s; 0 = between jobs only (queue.heartbeat_every)."),
     ("--batch-size", "batch_size", int, "Jobs per round trip for the batching designs (queue.batch_size)."),
+    ("--shards", "shards", int, "Queues the sharded design spreads its jobs over; 0 = one per cluster primary, 1 on one server (queue.shards)."),
     ("--socket-timeout", "socket_timeout", FINITE, "Built-in workers' socket and connect timeout, s; 0 = none, to see a half-open connection hang (queue.socket_timeout)."),
     ("--concurrency", "concurrency", int, "Handlers one library worker runs at once; 0 = the library's shipped default (queue.concurrency)."),
     ("--broker-fault", "fault", click.Choice(BROKER_FAULTS), "Fault the server itself: kill it and restart it, or fail over to its replica (broker.fault)."),

@@ -74,6 +74,7 @@ class DesignSettings:
     retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
     batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
+    shards: int = 0  # queues a sharding design spreads its jobs over; 0 = its own default; others ignore it
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
     longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
@@ -106,7 +107,8 @@ class Design(ABC):
     """Base class for a queue design under test. Subclass it, set `name`, implement the abstract methods.
 
     `client` is a redis-py client with decode_responses=True. Every key must start with `prefix`
-    (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself.
+    (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself; a design
+    that sets `spread` may also use shard prefixes of it (crashbench.run.connect.shard_prefix).
     Times (`now`) are the harness clock: time.monotonic() seconds, shared by all processes on a host.
     """
 
@@ -136,6 +138,9 @@ class Design(ABC):
     # queue that can hold a job where backlog() cannot see it for a while (saq's sweep holds one in
     # memory while it waits on its worker, then puts it back).
     SETTLE_S: ClassVar[float] = 0.0
+    # True when its keys span hash slots (crashbench.run.connect.shard_prefix): the harness then reads and
+    # expires them on every primary of a cluster, not on the one of the run's slot.
+    spread: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         self.r = client
@@ -239,12 +244,16 @@ class Design(ABC):
         job = data.get("id") if isinstance(data, dict) else None
         return job if isinstance(job, str) else None
 
+    def relative(self, name: str) -> str:
+        """A key's name as BOOKKEEPING, DEAD_LETTERS, DELAYED and `job_of` see it: without the prefix."""
+        return name.removeprefix(self.prefix)
+
     def locate(self, snapshot: Snapshot) -> Located:
         """Every job in the snapshot, with where it sits: each key of the namespace that is not
         bookkeeping, entry by entry through `job_of`."""
         found = Located()
         for key in snapshot.keys.values():
-            rel = key.name.removeprefix(self.prefix)
+            rel = self.relative(key.name)
             if matches(rel, self.BOOKKEEPING):
                 continue
             kind = "dead" if matches(rel, self.DEAD_LETTERS) else "delayed" if matches(rel, self.DELAYED) else "held"
@@ -348,6 +357,7 @@ BUILTIN: dict[str, str] = {
     "reliable-batch": "crashbench.designs.reliable_batch:ReliableBatchQueue",
     "stream-batch": "crashbench.designs.stream_batch:StreamBatchQueue",
     "priority": "crashbench.designs.priority:PriorityQueue",
+    "sharded": "crashbench.designs.sharded:ShardedQueue",
     "rq": "crashbench.designs.rqlib:RQQueue",
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",
     "celery": "crashbench.designs.celerylib:CeleryQueue",

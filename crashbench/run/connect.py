@@ -16,6 +16,11 @@ read, which would double a stream consumer's round trips. Every key of a run is 
 prefix carries a hash tag, crashbench.run.runner), so `node_for` gives a plain client of the one
 primary that holds them all: the inspector, the lease and the cleanup read and write there, with
 node-level commands (SCAN) that a cluster client would send to every primary.
+
+The one exception is a design that spreads its keys (`Design.spread`, the sharded design): each of its
+shards has a hash tag of its own, the run's with a suffix, `crashbench:{<run-id>.<shard>}:...`
+(`shard_prefix`), so its keys fall on several primaries. `spread_pattern` is the SCAN pattern that finds
+a prefix's keys in every such slot, and `reader` a client that reads them wherever they are.
 """
 
 from __future__ import annotations
@@ -79,6 +84,30 @@ def node_for(url: str, key: str, **kwargs: Any) -> redis.Redis:
         if any(first <= slot <= last for first, last in ranges):
             return redis.Redis.from_url(_node_url(url, *node), **kwargs)
     raise redis.exceptions.ClusterDownError(f"no primary serves slot {slot}")
+
+
+def shard_prefix(prefix: str, tag: str) -> str:
+    """`prefix` with `.tag` added inside its hash tag: `crashbench:{<run-id>.<tag>}:...`, a slot of its
+    own that the run's namespace still covers (`spread_pattern`). Only the first `{...}` of a key is its
+    hash tag, so the suffix must go inside that one. A prefix without a tag gets `{tag}:` at its end."""
+    head, brace, tail = prefix.partition("}")
+    return f"{head}.{tag}}}{tail}" if brace and "{" in head else f"{prefix}{{{tag}}}:"
+
+
+def spread_pattern(prefix: str) -> str:
+    """The SCAN MATCH pattern of every key under `prefix` and under its shard prefixes: the hash tag left
+    open (`crashbench:{<run-id>*}:rest*`). A run id has a fixed length, so no other run's tag matches."""
+    head, brace, tail = prefix.partition("}")
+    return f"{head}*}}{tail}*" if brace and "{" in head else prefix + "*"
+
+
+def reader(url: str, prefix: str, spread: bool, **kwargs: Any) -> redis.Redis:
+    """The harness's reading connection for a run's keys: the one primary of their slot (`node_for`),
+    or, for a design that spreads its keys over slots, a cluster client, whose SCAN goes to every primary
+    and whose reads are routed key by key. On one server, that server either way."""
+    if spread and is_cluster(url):
+        return connect(url, **kwargs)
+    return node_for(url, prefix, **kwargs)
 
 
 def library_url(url: str, key: str) -> str:

@@ -107,8 +107,9 @@ class CrashRun:
             redis_url = connect.library_url(redis_url, self.prefix)
         self.client = connect.connect(redis_url, decode_responses=True)
         # The inspector's own connection (never the design's), to the primary that holds the run's slot.
-        self.raw = connect.node_for(redis_url, self.prefix, decode_responses=False)
-        self.lease = lease.Lease(redis_url, lease.namespace(self.prefix), expire=not keep_dir) if external else None
+        self.raw = connect.reader(redis_url, self.prefix, self.design_cls.spread, decode_responses=False)
+        ns, spread = lease.namespace(self.prefix), self.design_cls.spread
+        self.lease = lease.Lease(redis_url, ns, expire=not keep_dir, spread=spread) if external else None
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
@@ -343,7 +344,7 @@ class CrashRun:
         self.raw.close()
         url = self.broker.url if self.broker else self.url
         self.client = connect.connect(url, decode_responses=True)
-        self.raw = connect.node_for(url, self.prefix, decode_responses=False)
+        self.raw = connect.reader(url, self.prefix, self.design_cls.spread, decode_responses=False)
         self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
+from redis.crc import key_slot
 
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.run import connect, workdirs
@@ -295,19 +296,23 @@ def open_server(
 
 
 def cleanup_keys(url: str, pattern_prefix: str) -> int:
-    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection. A namespace's keys
-    are all in one slot (its hash tag), so on a cluster they are on one primary, read and removed there."""
-    client = connect.node_for(url, pattern_prefix, socket_timeout=10)
+    """Delete every key under `pattern_prefix` (ours alone), with a fresh connection: its own and its
+    shards' (`{<run-id>.<shard>}`, crashbench.run.connect.spread_pattern), on every primary of a cluster,
+    since a sharded design's shards are on several. UNLINK one slot at a time: a cluster refuses a
+    command whose keys span slots, even on one node."""
     removed = 0
-    try:
-        batch = []
-        for key in client.scan_iter(match=pattern_prefix + "*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += client.unlink(*batch)
-                batch.clear()
-        if batch:
-            removed += client.unlink(*batch)
-    finally:
-        client.close()
+    for client in connect.primaries(url, socket_timeout=10):
+        try:
+            by_slot: dict[int, list[bytes]] = {}
+            for key in client.scan_iter(match=connect.spread_pattern(pattern_prefix), count=1000):
+                batch = by_slot.setdefault(key_slot(key), [])
+                batch.append(key)
+                if len(batch) >= 500:
+                    removed += client.unlink(*batch)
+                    batch.clear()
+            for batch in by_slot.values():
+                if batch:
+                    removed += client.unlink(*batch)
+        finally:
+            client.close()
     return removed

@@ -5,7 +5,7 @@
     [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
     [faults]    kills, interval, signal, kill_when, seed, pause   (or [[faults]] entries: crashbench.faults)
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
-                batch_size, concurrency
+                batch_size, concurrency, shards
     [run]       drain_timeout, designs
     [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.scenario.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
@@ -86,6 +86,7 @@ class Scenario:
     retry_jitter: float = 0.25
     heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
     batch_size: int = 10  # jobs per round trip, for the batching designs
+    shards: int = 0  # queues the sharded design spreads its jobs over; 0 = one per primary (1 on one server)
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
     socket_timeout: float = 5.0  # crashbench's own workers' socket and connect timeout; 0: none
     # broker: faults of the server itself (crashbench.faults.broker); only on a server crashbench started
@@ -116,6 +117,7 @@ class Scenario:
             retry_jitter=self.retry_jitter,
             heartbeat_every=self.heartbeat_every,
             batch_size=self.batch_size,
+            shards=self.shards,
             concurrency=self.concurrency,
             longest_job=self.longest_job_s,
             wait_replicas=self.wait_replicas,
@@ -257,6 +259,8 @@ class Scenario:
         data = self.to_dict()
         for key in ("name", "description", "source", "seed"):
             data.pop(key)
+        if not data["shards"]:  # a setting added later, at its default: older results keep their fingerprint
+            data.pop("shards")
         digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]
 

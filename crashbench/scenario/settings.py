@@ -25,7 +25,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "transient_failures"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
-              "heartbeat_every", "batch_size", "concurrency", "socket_timeout"),
+              "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
@@ -78,7 +78,7 @@ NUMBERS: dict[str, Bound] = {
     "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
     "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
-    "batch_size": POSITIVE_INT, "concurrency": COUNT,
+    "batch_size": POSITIVE_INT, "concurrency": COUNT, "shards": COUNT,
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
