@@ -46,7 +46,8 @@ from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.evidence.ledger import Ledger
 from crashbench.report.results import environment, new_id, now_iso
 from crashbench.run import connect, workdirs
-from crashbench.run.server import ServerInfo, cleanup_keys, open_server
+from crashbench.run.provision import open_server
+from crashbench.run.server import ServerInfo, cleanup_keys
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 from crashbench.run.worker import WorkerSpec, run_bare, run_worker

@@ -22,11 +22,16 @@ import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
+from crashbench.designs.kinds import OBSERVE_DEFAULT
+from crashbench.designs.kinds import DesignSettings as DesignSettings
+from crashbench.designs.kinds import EnqueueUnconfirmed as EnqueueUnconfirmed
+from crashbench.designs.kinds import Job as Job
+from crashbench.designs.kinds import QueueState as QueueState
+from crashbench.designs.kinds import observe_for as observe_for
 from crashbench.designs.located import Entry as Entry  # re-exported: designs import it from here
 from crashbench.designs.located import Located as Located
 from crashbench.designs.located import key_entries, matches
@@ -35,72 +40,6 @@ from crashbench.evidence.inspector import Snapshot
 
 if TYPE_CHECKING:
     import redis
-
-
-OBSERVE_DEFAULT = 30.0  # seconds; the built-in designs recover within stale_after + recover_every
-OBSERVE_CAP = 300.0  # a library documenting an hour is still given at most this much unless asked
-OBSERVE_MARGIN = 10.0  # beyond a library's documented redelivery time: its sweep's period, scheduling
-
-
-def observe_for(documented_s: float) -> float:
-    """The default observation window for a library that documents redelivery after `documented_s`."""
-    return min(OBSERVE_CAP, documented_s + OBSERVE_MARGIN)
-
-
-class EnqueueUnconfirmed(Exception):
-    """The server took the enqueue but could not confirm it durable as asked (WAIT timed out): the
-    producer must count it indeterminate, not acknowledged."""
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One unit of work. `id` is unique per run; `receipt` is whatever `ack` needs (design-private)."""
-
-    id: str
-    payload: str = ""
-    receipt: Any = None
-    attempt: int = 1  # which attempt this delivery is (1 = first), as far as the design knows
-
-
-@dataclass(frozen=True, slots=True)
-class DesignSettings:
-    """Knobs every design may read; a design ignores those it has no use for."""
-
-    stale_after: float = 1.0  # seconds without a heartbeat / idle before recovery takes a job back
-    recover_every: float = 0.25  # seconds between recovery passes (reaper loop, XAUTOCLAIM)
-    max_attempts: int = 3  # deliveries of one job before it is dead-lettered
-    retry_base: float = 0.1  # delay before the first retry of a failed job, seconds
-    retry_factor: float = 4.0  # each further retry waits this many times longer
-    retry_jitter: float = 0.25  # plus up to this fraction of the delay, at random
-    heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
-    batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
-    shards: int = 0  # queues a sharding design spreads its jobs over; 0 = its own default; others ignore it
-    concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
-    longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
-    wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
-    wait_ms: int = 100
-    # crashbench's own workers: socket and connect timeout of their connection, seconds;
-    # longer than their blocking pop, so a half-open connection becomes a reconnect, not a hang. 0: none.
-    socket_timeout: float = 5.0
-    # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def retry_delay(self, attempt: int, u: float) -> float:
-        """Backoff after failed attempt number `attempt`; `u` in [0, 1) draws the jitter."""
-        base = self.retry_base * self.retry_factor ** (attempt - 1)
-        return base * (1 + self.retry_jitter * u)
-
-
-@dataclass(slots=True)
-class QueueState:
-    """What the queue holds at the end, by job id: the evidence behind stranded / dead-lettered / requeued."""
-
-    held: dict[str, str] = field(default_factory=dict)  # job id -> where ("pending", "processing:w3", ...)
-    dead_lettered: set[str] = field(default_factory=set)
-    failed: set[str] = field(default_factory=set)  # the queue recorded these as failed (a library's failed registry)
-    poisoned: set[str] = field(default_factory=set)  # dead-lettered because the handler kept failing
-    requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
-    requeue_events: int = 0  # how many times recovery gave a job back, in all
 
 
 class Design(ABC):

@@ -10,7 +10,6 @@ URL (crashbench.run.connect) is either form's: an external cluster, or the embed
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import platform
@@ -19,7 +18,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,10 +25,10 @@ from typing import TYPE_CHECKING
 import redis
 from redis.crc import key_slot
 
-from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.errors import ServerUnavailable
 from crashbench.run import connect, workdirs
 from crashbench.run.reaper import become_subreaper, die_with_parent, end_sessions
-from crashbench.run.redact import redact_text, redact_url
+from crashbench.run.redact import redact_url
 
 if TYPE_CHECKING:
     from crashbench.run.cluster import EmbeddedCluster
@@ -238,61 +236,6 @@ def describe(url: str, mode: str, binary: str | None) -> ServerInfo:
     name = str(info.get("server_name") or ("valkey" if "valkey_version" in info else "redis"))
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
     return ServerInfo(url, mode, binary, name, version, primaries=primaries, replicas=replicas)
-
-
-@contextlib.contextmanager
-def open_server(
-    redis_url: str | None = None,
-    binary: str | None = None,
-    persistence: str = "none",
-    cluster: tuple[int, int] | None = None,
-) -> Iterator[ServerInfo]:
-    """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped
-    on exit; with `cluster` (primaries, replicas per primary), a private cluster."""
-    if cluster is not None:
-        if redis_url:
-            raise UsageError(
-                "--cluster starts a private cluster, --redis-url names a server: give one of them",
-                hint="leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL), or --cluster",
-            )
-        from crashbench.run.cluster import EmbeddedCluster  # here: its nodes are this module's servers
-
-        embedded = EmbeddedCluster(find_server_binary(binary), *cluster)
-        try:
-            embedded.start()
-            info = describe(embedded.url, "embedded", str(embedded.binary))
-            yield dataclasses.replace(info, embedded_cluster=embedded)
-        finally:
-            embedded.stop()
-        return
-    if redis_url:
-        try:
-            info = describe(redis_url, "external", None)
-        except redis.AuthenticationError as exc:  # a ConnectionError too: caught first, for its own hint
-            raise ServerUnavailable(
-                f"{redact_url(redis_url)} refused the credentials: {redact_text(str(exc), redis_url)}",
-                hint="check the user and password in --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL)",
-            ) from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise ServerUnavailable(
-                # redis-py's own texts name host and port, not the password; scrubbed all the same.
-                f"cannot reach {redact_url(redis_url)}: {redact_text(str(exc), redis_url)}",
-                hint="start that server, fix --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL), "
-                "or leave it out to use a private embedded server",
-            ) from None
-        except ValueError as exc:  # redis-py's complaint about a malformed URL
-            raise ServerUnavailable(
-                f"bad --redis-url {redact_url(redis_url)!r}: {redact_text(str(exc), redis_url)}"
-            ) from None
-        yield info
-        return
-    server = EmbeddedServer(find_server_binary(binary), persistence)
-    try:
-        server.start()
-        assert server.proc is not None
-        yield dataclasses.replace(describe(server.url, "embedded", str(server.binary)), pid=server.proc.pid)
-    finally:
-        server.stop()
 
 
 def cleanup_keys(url: str, pattern_prefix: str) -> int:

@@ -1,0 +1,69 @@
+"""The server a session runs on: the user's (--redis-url), a private embedded one, or a private
+Redis Cluster (--cluster) of embedded servers; stopped and removed when the session ends.
+Above both crashbench.run.server and crashbench.run.cluster, which it chooses between."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import redis
+
+from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.run.cluster import EmbeddedCluster
+from crashbench.run.redact import redact_text, redact_url
+from crashbench.run.server import EmbeddedServer, ServerInfo, describe, find_server_binary
+
+
+@contextlib.contextmanager
+def open_server(
+    redis_url: str | None = None,
+    binary: str | None = None,
+    persistence: str = "none",
+    cluster: tuple[int, int] | None = None,
+) -> Iterator[ServerInfo]:
+    """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped
+    on exit; with `cluster` (primaries, replicas per primary), a private cluster."""
+    if cluster is not None:
+        if redis_url:
+            raise UsageError(
+                "--cluster starts a private cluster, --redis-url names a server: give one of them",
+                hint="leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL), or --cluster",
+            )
+        embedded = EmbeddedCluster(find_server_binary(binary), *cluster)
+        try:
+            embedded.start()
+            info = describe(embedded.url, "embedded", str(embedded.binary))
+            yield dataclasses.replace(info, embedded_cluster=embedded)
+        finally:
+            embedded.stop()
+        return
+    if redis_url:
+        try:
+            info = describe(redis_url, "external", None)
+        except redis.AuthenticationError as exc:  # a ConnectionError too: caught first, for its own hint
+            raise ServerUnavailable(
+                f"{redact_url(redis_url)} refused the credentials: {redact_text(str(exc), redis_url)}",
+                hint="check the user and password in --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL)",
+            ) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ServerUnavailable(
+                # redis-py's own texts name host and port, not the password; scrubbed all the same.
+                f"cannot reach {redact_url(redis_url)}: {redact_text(str(exc), redis_url)}",
+                hint="start that server, fix --redis-url (or CRASHBENCH_REDIS_URL / REDIS_URL), "
+                "or leave it out to use a private embedded server",
+            ) from None
+        except ValueError as exc:  # redis-py's complaint about a malformed URL
+            raise ServerUnavailable(
+                f"bad --redis-url {redact_url(redis_url)!r}: {redact_text(str(exc), redis_url)}"
+            ) from None
+        yield info
+        return
+    server = EmbeddedServer(find_server_binary(binary), persistence)
+    try:
+        server.start()
+        assert server.proc is not None
+        yield dataclasses.replace(describe(server.url, "embedded", str(server.binary)), pid=server.proc.pid)
+    finally:
+        server.stop()
