@@ -30,6 +30,9 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("indeterminate enqueues", "indeterminate"),
     ("  done all the same", "recovered"),
     ("acks lost", "acks_lost"),
+    ("held at the broker fault", "held_at_fault"),
+    ("acked while the replica lagged", "acked_during_lag"),
+    ("not replicated", "not_replicated"),
     ("undrained", "undrained"),
     ("worker crashes", "worker_crashes"),
     ("stuck workers", "stuck_workers"),
@@ -41,7 +44,7 @@ ALARM = {
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
-    "unconfirmed", "indeterminate", "recovered", "acks_lost",
+    "unconfirmed", "indeterminate", "recovered", "acks_lost", "held_at_fault", "acked_during_lag", "not_replicated",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
 }  # fmt: skip
