@@ -8,8 +8,8 @@ mid-job SIGKILLs, on a private server), and what crashbench's own process costs 
     wall          the whole command, seconds
     counts        done / lost / duplicated / interrupted, and the evidence checks' problems (0: proven)
 
-    python bench/scale.py [--out DIR] [--repeat R] [N ...]   measure (default: 2000 100000 1000000, once
-                                                             each), save DIR/scale.json
+    python bench/scale.py [--out DIR] [--repeat R] [--add] [N ...]   measure (default: 2000 100000
+                      1000000, once each), save DIR/scale.json (--add: beside the rows already there)
 
     python bench/scale.py --table DIR             the README's table from DIR/scale.json, measuring nothing
 
@@ -116,8 +116,11 @@ def main(argv: list[str]) -> int:
         saved = json.loads((Path(argv[1]) / "scale.json").read_text())
         print("\n".join(table([Row(**r) for r in saved["rows"]])))
         return 0
-    out, repeat = Path("results/readme/scale"), 1
-    while argv[:1] in (["--out"], ["--repeat"]):
+    out, repeat, add = Path("results/readme/scale"), 1, False
+    while argv[:1] in (["--out"], ["--repeat"], ["--add"]):
+        if argv[0] == "--add":
+            add, argv = True, argv[1:]
+            continue
         if argv[0] == "--out":
             out = Path(argv[1])
         else:
@@ -128,6 +131,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # Sizes in turn, `repeat` rounds: the machine's load drifts, and each size should meet all of it.
     rows = [measure(n) for _ in range(repeat) for n in sizes]
+    if add:  # beside the rows saved before (a 10M run, once, after three rounds of the others)
+        rows = [Row(**r) for r in json.loads((out / "scale.json").read_text())["rows"]] + rows
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     saved = {
         "schema": "crashbench.scale", "schema_version": 1, "date": time.strftime("%Y-%m-%d"), "commit": commit,
