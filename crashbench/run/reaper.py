@@ -107,9 +107,15 @@ class Watchdog:
         self.pid = 0
         self.fd = -1
 
-    def watch(self, sid: int) -> None:
+    def start(self) -> None:
+        """Fork it now, if it does not run yet: a fork keeps every page of this process's heap it
+        shares until this process writes it, so forked from a large runner it would come to hold a
+        copy of whatever the runner touches for the rest of the run."""
         if self.fd < 0:
             self._start()
+
+    def watch(self, sid: int) -> None:
+        self.start()
         with contextlib.suppress(OSError):  # it was killed: go on without it
             os.write(self.fd, f"{sid}\n".encode())
 

@@ -107,7 +107,9 @@ class Supervisor:
     def start_zygote(self) -> None:
         """Fork workers from now on from a fork server started now (crashbench.run.zygote): started
         before this process grows, it keeps a restart as cheap as it is now. Stopped by `stop_all`;
-        without one (not Linux, or it failed) workers are forked from here."""
+        without one (not Linux, or it failed) workers are forked from here. The watchdog is forked
+        now too, for the same reason (see Watchdog.start)."""
+        self.watchdog.start()
         if self.zygote is None:
             self.zygote = Zygote.start(self._adopted, self.log_dir / "zygote.log")
 
