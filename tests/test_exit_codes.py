@@ -37,7 +37,8 @@ ALLOWED_EXITS = {
     ("run/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
     ("run/zygote.py", "start"): "the forked fork server ends with os._exit, never returning into the runner",
     ("run/zygote.py", "_become_zygote"): "likewise, when its parent died before it could watch it",
-    ("run/zygote.py", "_fork_worker"): "the fork server's intermediate child, and a worker that returned",
+    ("run/zygote.py", "_fork_spare"): "the fork server's intermediate child, and a spare whose worker returned",
+    ("run/zygote.py", "_spare"): "a spare never given work, or whose runner died before it was handed over",
     ("run/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
     ("faults/proxy.py", "<module>"): "the network fault proxy's own process (python -m): crashbench reads its status",
 }

@@ -4,7 +4,6 @@ and they leave out what the runner allocated after it started, and it ends when 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -90,28 +89,44 @@ def test_the_zygote_ignores_sigint_exits_on_sigterm_and_the_runner_then_forks_it
         while psutil.Process(zygote.pid).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        w = sup.spawn(1)
+        workers = [sup.spawn(1)]
+        if sup.zygote is not None:  # the spare it had made before it ended
+            workers.append(sup.spawn(2))
         assert sup.zygote is None and zygote.pid == 0  # given up on, and reaped
-        assert running(w).ppid() == os.getpid()
+        assert all(running(w).ppid() == os.getpid() for w in workers)
     finally:
         sup.stop_all(grace=1.0)
 
 
-def test_the_zygote_exits_when_its_request_pipe_closes(tmp_path: Path) -> None:
-    zygote = Zygote.start(lambda name, slot, middle: None, tmp_path / "zygote.log")
+def test_the_zygote_ends_at_the_end_of_its_socket_and_its_spare_with_it(tmp_path: Path) -> None:
+    before = set(psutil.Process().children())
+    zygote = Zygote.start(lambda name, slot: None, tmp_path / "zygote.log")
     assert zygote is not None
-    os.close(zygote.requests)
-    os.close(zygote.replies)
-    deadline = time.monotonic() + 5
+    status = zygote.stop(timeout=5.0)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0  # not SIGKILLed
+    assert set(psutil.Process().children()) == before  # its spare too is gone, and reaped
+
+
+def test_a_spare_that_died_before_it_was_given_work_is_reaped_and_the_next_one_used(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    assert sup.zygote is not None
+    zygote, me = sup.zygote, psutil.Process()
     try:
-        while not (ended := os.waitpid(zygote.pid, os.WNOHANG))[0]:
-            assert time.monotonic() < deadline, "the zygote did not exit"
+        deadline = time.monotonic() + 5
+        ours = (zygote.pid, sup.watchdog.pid)
+        while not (spares := [p for p in me.children() if p.cmdline() == me.cmdline() and p.pid not in ours]):
+            assert time.monotonic() < deadline
             time.sleep(0.001)
+        (spare,) = spares
+        spare.kill()
+        while spare.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        w = sup.spawn(0)
+        assert sup.zygote is zygote and w.pid != spare.pid and running(w).ppid() == me.pid
+        assert not psutil.pid_exists(spare.pid)  # reaped
     finally:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(zygote.pid, signal.SIGKILL)
-            os.waitpid(zygote.pid, 0)
-    assert os.WIFEXITED(ended[1]) and os.WEXITSTATUS(ended[1]) == 0
+        sup.stop_all(grace=1.0)
 
 
 def test_neither_the_zygote_nor_its_workers_hold_what_the_runner_allocated_after_it_started(tmp_path: Path) -> None:

@@ -124,8 +124,8 @@ class Supervisor:
         # Blocked across the fork: a SIGTERM or SIGINT for the new child (stop_all right after a spawn)
         # or for crashbench must not run crashbench's own Python handler in the child, which would
         # raise there, inside the interpreter's at-fork hooks, and print to crashbench's stderr. The
-        # child unblocks once its handlers are the defaults; the parent at once. And across a request
-        # to the zygote: an interrupt must not leave a worker running whose pid we never read.
+        # child unblocks once its handlers are the defaults; the parent at once. And across the hand-over
+        # of the zygote's spare: an interrupt must not leave a worker running whose pid we never kept.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:
             pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
@@ -147,18 +147,18 @@ class Supervisor:
     def _fork(self, log: Path, body: Callable[[], int]) -> int:
         pid = os.fork()
         if pid == 0:
-            self._run(log, body, 0)
+            self._run(log, body)
         return pid
 
-    def _adopted(self, name: str, slot: int, middle: int) -> None:
-        """The zygote's worker `name`, forked by its intermediate process `middle`."""
-        self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)(), middle)
+    def _adopted(self, name: str, slot: int) -> None:
+        """In the zygote's spare (already this process's child), once told it is worker `name`."""
+        self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)())
 
-    def _run(self, log: Path, body: Callable[[], int], middle: int) -> NoReturn:
+    def _run(self, log: Path, body: Callable[[], int]) -> NoReturn:
         """The new worker: never return into the caller."""
         code = 1
         try:
-            self._become_worker(log, middle)
+            self._become_worker(log)
             code = body()
         except BaseException:
             traceback.print_exc()
@@ -166,12 +166,8 @@ class Supervisor:
             sys.stderr.flush()
             os._exit(code)
 
-    def _become_worker(self, log: Path, middle: int) -> None:
+    def _become_worker(self, log: Path) -> None:
         os.setsid()
-        # Forked by the zygote's intermediate `middle`: the runner's child once that has exited. The
-        # death signal is tied to the parent of the moment it is asked for: not before.
-        while middle and os.getppid() == middle:
-            time.sleep(0.0001)
         die_with_parent()
         if os.getppid() != self._pid:  # the parent died before the line above took effect
             os._exit(1)

@@ -1,25 +1,29 @@
-"""The fork server (a "zygote"): where a run's workers are forked from, so that a restart costs the
-same at 2,000 jobs and at 10,000,000.
+"""The fork server (a "zygote"): where a run's workers come from, so that a restart costs the same at
+2,000 jobs and at 10,000,000.
 
 Forking the runner itself makes every new worker pay for the runner's size: the fork copies page
 tables for all of its heap, and the child's first writes and garbage-collector passes over that heap
 fault pages in one by one. At a million jobs (the job list, the ledger's parsed executions: hundreds
 of MB) a restart after a kill took 3x as long as at 2,000 jobs. The zygote is forked from the runner
 once, early in a run, before the job list exists: it has imported redis-py and the design, holds the
-worker's closures, freezes its heap out of the collector's reach, and forks every worker on request.
+worker's closures, and freezes its heap out of the collector's reach.
 
-A worker stays the runner's child, so the supervisor waits for it, signals it and checks its
-identity exactly as if the runner had forked it (crashbench.run.supervisor): the zygote forks an
-intermediate process that forks the worker and exits at once, and the runner is a child subreaper
-(crashbench.run.reaper), so the kernel hands the worker to the runner when the intermediate exits,
-before the zygote has reaped it and sent the worker's pid back. Only then may the worker ask to die
-with its parent: the death signal follows the parent of the moment it is asked for, and the
+It keeps one spare ready: a process forked ahead of need that waits to be told its worker's name and
+slot. A restart hands the slot to the spare (a write on a pipe, no fork, no round trip through the
+zygote on the way), and the zygote forks the next spare meanwhile. A spare is the runner's child
+from the start, so the supervisor waits for it, signals it and checks its identity as if the runner
+had forked it (crashbench.run.supervisor): the zygote forks an intermediate that forks the spare and
+exits at once, and the runner is a child subreaper (crashbench.run.reaper), so the kernel hands the
+spare to the runner when the intermediate exits, before the zygote reaps it and passes the spare's
+pid and the write end of its pipe to the runner (SCM_RIGHTS). Only once handed over does a spare ask
+to die with its parent: the death signal follows the parent of the moment it is asked for, and the
 intermediate's exit would fire it.
 
 The zygote ignores SIGINT (a terminal's Ctrl-C reaches the whole foreground process group, and it is
-the runner's to act on: it stops things in order), exits on SIGTERM, when its request pipe closes,
-and with the runner (PR_SET_PDEATHSIG). Whenever it cannot answer, the supervisor stops it and forks
-from the runner as before.
+the runner's to act on: it stops things in order), exits on SIGTERM, at the end of its socket (the
+runner stops it, or died) and with the runner (PR_SET_PDEATHSIG). A spare that is never given work
+exits at the end of its pipe and is reaped by `stop`. Whenever the zygote cannot answer, the
+supervisor stops it and forks from the runner as before.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import gc
 import os
 import select
 import signal
+import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -37,29 +43,26 @@ from pathlib import Path
 from crashbench.run.reaper import STOPS, become_subreaper, close_lifelines, die_with_parent, log_to
 
 NAME = "cb-zygote"  # what `ps -o comm` and psutil's name() show for it
-# In the new worker: become worker `name` in `slot`; the int is the intermediate's pid (its parent
-# until it exits). Never returns.
-StartWorker = Callable[[str, int, int], None]
+StartWorker = Callable[[str, int], None]  # in a spare once told its name and slot; never returns
+Spare = tuple[int, int]  # its pid, and the write end of the pipe it waits on (0, -1: none)
 
 
 class Zygote:
-    """The runner's end: the zygote's pid and the two pipes to it."""
+    """The runner's end: the zygote's pid, and a socket to it."""
 
-    TIMEOUT = 10.0  # seconds for a reply; a zygote that takes longer is stopped and not asked again
+    TIMEOUT = 10.0  # seconds for an answer; a zygote that takes longer is stopped and not asked again
 
-    def __init__(self, pid: int, requests: int, replies: int) -> None:
+    def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
-        self.requests = requests
-        self.replies = replies
+        self.sock = sock
 
     @classmethod
     def start(cls, start_worker: StartWorker, log: Path) -> Zygote | None:
-        """Fork the zygote; None where workers could not be re-parented to this process (not Linux)."""
+        """Fork the zygote; None where spares could not be re-parented to this process (not Linux)."""
         if not become_subreaper():
             return None
         runner = os.getpid()
-        requests_r, requests_w = os.pipe()
-        replies_r, replies_w = os.pipe()
+        mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
         # Blocked across the fork, as for a worker (crashbench.run.supervisor): the runner's own
@@ -69,17 +72,16 @@ class Zygote:
             pid = os.fork()
         except OSError:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-            for fd in (requests_r, requests_w, replies_r, replies_w):
-                os.close(fd)
+            mine.close()
+            its.close()
             raise
         if pid == 0:  # the zygote: never return into the runner
             code = 1
             try:
-                os.close(requests_w)  # else its own copy would keep the request pipe from ever closing
-                os.close(replies_r)
+                mine.close()  # else its own copy would keep the socket from ever ending
                 comm = _become_zygote(runner, log)
-                os.write(replies_w, b"ready\n")
-                _serve(requests_r, replies_w, start_worker, comm)
+                its.send(b"ready")
+                _serve(its, runner, comm, start_worker)
                 code = 0
             except BaseException:
                 traceback.print_exc()
@@ -87,48 +89,84 @@ class Zygote:
                 sys.stderr.flush()
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-        os.close(requests_r)
-        os.close(replies_w)
-        zygote = cls(pid, requests_w, replies_r)
-        # Ready once its heap is frozen: a worker forked before would pay for the collection in it.
-        if zygote._reply() != b"ready\n":
-            zygote.stop()
-            return None
-        return zygote
+        its.close()
+        zygote = cls(pid, mine)
+        ready = False
+        try:
+            # Ready once its heap is frozen: a spare forked before would pay for the collection in it.
+            ready = zygote._receive(cls.TIMEOUT)[0] == b"ready"
+        finally:
+            if not ready:  # not in time, or an interrupt is on its way out: nothing left running
+                zygote.stop()
+        return zygote if ready else None
 
-    def _reply(self) -> bytes:
-        """The zygote's next reply; empty if it is gone or does not answer in time."""
+    def _receive(self, timeout: float) -> tuple[bytes, list[int]]:
+        """The zygote's next message and the descriptors it carries; empty at its end or after `timeout`."""
         with contextlib.suppress(OSError):
-            if select.select([self.replies], [], [], self.TIMEOUT)[0]:
-                return os.read(self.replies, 32)
-        return b""
+            if select.select([self.sock], [], [], max(0.0, timeout))[0]:
+                message, fds, _, _ = socket.recv_fds(self.sock, 32, 1)
+                return message, fds
+        return b"", []
 
     def spawn(self, name: str, slot: int) -> int:
-        """Worker `name` forked by the zygote: its pid, of a child of this process by now; 0 when the
-        zygote could not do it (it is stopped then)."""
-        if not self.pid:
-            return 0
-        try:
-            os.write(self.requests, f"{name} {slot}\n".encode())
-            reply = self._reply()
-        except BrokenPipeError:  # it is gone
-            reply = b""
-        pid = int(reply) if reply.strip() else 0
-        if not pid:
-            self.stop()
-        return pid
+        """Worker `name` in `slot`: the pid of the spare now running it, this process's child; 0 when the
+        zygote could not give one (it is stopped then)."""
+        for _ in range(2):  # a spare that died before it was given work: the next one
+            if not self.pid:
+                return 0
+            message, fds = self._receive(self.TIMEOUT)
+            if not fds:  # it is gone, failed to fork, or is too slow
+                break
+            pid = int(message)
+            try:
+                os.write(fds[0], f"{name} {slot}\n".encode())
+                return pid
+            except BrokenPipeError:  # its end of the pipe is closed: it has exited
+                os.waitpid(pid, 0)
+            finally:
+                os.close(fds[0])
+                with contextlib.suppress(OSError):
+                    self.sock.send(b"next")  # forked while this one starts, not when it is needed
+        self.stop()
+        return 0
 
-    def stop(self) -> None:
-        """End and reap the zygote (it holds nothing that needs a graceful stop)."""
+    def stop(self, timeout: float = TIMEOUT) -> int | None:
+        """End the zygote and reap it and its spare; its exit status (None: it had to be SIGKILLed).
+        It ends at the end of its socket, once it has handed over the spare it may be forking: a
+        SIGKILL then would leave that one running unknown to this process."""
         if not self.pid:
-            return
-        os.close(self.requests)
-        os.close(self.replies)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+            return None
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        spares = []
+        while (got := self._receive(deadline - time.monotonic()))[0]:
+            message, fds = got
+            for fd in fds:
+                os.close(fd)  # the spare reads the end of its pipe and exits
+                spares.append(int(message))
+        self.sock.close()
+        status = _end(self.pid, deadline)
+        for pid in spares:
+            _end(pid, time.monotonic() + 1.0)
         self.pid = 0
+        return status
+
+
+def _end(pid: int, deadline: float) -> int | None:
+    """Reap child `pid` once it exits by `deadline`, else SIGKILL and reap it; its status, or None."""
+    while time.monotonic() < deadline:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return status
+        time.sleep(0.001)
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return None
 
 
 def _rename(name: str) -> str:
@@ -159,52 +197,80 @@ def _become_zygote(runner: int, log: Path) -> str:
     return _rename(NAME)
 
 
-def _serve(requests: int, replies: int, start_worker: StartWorker, comm: str) -> None:
-    """One request at a time ("NAME SLOT\\n"), answered with the worker's pid ("0": its fork failed),
-    until the request pipe closes. `comm`: the name a worker takes back."""
-    buffered = b""
-    while chunk := os.read(requests, 4096):
-        *lines, buffered = (buffered + chunk).split(b"\n")
-        for line in lines:
-            name, slot = line.decode().split()
-            pid = _fork_worker(name, int(slot), (requests, replies), comm, start_worker)
+def _serve(sock: socket.socket, runner: int, comm: str, start_worker: StartWorker) -> None:
+    """A spare, then another each time the runner says "next", until the end of the socket. `comm`:
+    the name a spare takes back."""
+    try:
+        while True:
+            pid, fd = _fork_spare(sock, runner, comm, start_worker)
             try:
-                os.write(replies, f"{pid}\n".encode())
-            except BrokenPipeError:  # the runner is gone
+                if fd < 0:
+                    sock.send(b"0")
+                else:
+                    socket.send_fds(sock, [str(pid).encode()], [fd])
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            if sock.recv(16) != b"next":
                 return
+    except (BrokenPipeError, ConnectionResetError):  # the runner is gone
+        return
 
 
-def _fork_worker(name: str, slot: int, pipes: tuple[int, int], comm: str, start_worker: StartWorker) -> int:
-    """Fork an intermediate that forks the worker and exits; once the intermediate is reaped, the
-    worker is the runner's child. Returns the worker's pid, 0 if a fork failed."""
-    told_r, told_w = os.pipe()  # the intermediate tells the worker's pid through it
+def _fork_spare(sock: socket.socket, runner: int, comm: str, start_worker: StartWorker) -> Spare:
+    """Fork an intermediate that forks the spare and exits; once the intermediate is reaped, the spare
+    is the runner's child."""
+    assign_r, assign_w = os.pipe()  # the spare's work comes through it
+    told_r, told_w = os.pipe()  # the intermediate tells the spare's pid through it
     try:
         middle = os.fork()
     except OSError:
-        os.close(told_r)
-        os.close(told_w)
-        return 0
+        for fd in (assign_r, assign_w, told_r, told_w):
+            os.close(fd)
+        return 0, -1
     if middle == 0:  # the intermediate: never return into the zygote's loop
         code = 1
         try:
-            for fd in (told_r, *pipes):  # a worker holding the zygote's pipes would keep them open
-                os.close(fd)
+            sock.close()  # a spare holding the zygote's socket would keep it from ending
+            os.close(told_r)
+            os.close(assign_w)
             me = os.getpid()
             pid = os.fork()
-            if pid == 0:  # the worker
-                code = 1
+            if pid == 0:
                 os.close(told_w)
-                _rename(comm)
-                start_worker(name, slot, me)
+                _spare(assign_r, me, runner, comm, start_worker)
             else:
                 os.write(told_w, str(pid).encode())
                 code = 0
         finally:
             os._exit(code)
     os.close(told_w)
+    os.close(assign_r)
     try:
         told = os.read(told_r, 32)  # the pid, or end of file: the intermediate's fork failed
     finally:
         os.close(told_r)
     os.waitpid(middle, 0)
-    return int(told) if told else 0
+    if not told:
+        os.close(assign_w)
+        return 0, -1
+    return int(told), assign_w
+
+
+def _spare(assign: int, middle: int, runner: int, comm: str, start_worker: StartWorker) -> None:
+    """The spare: the runner's child once the intermediate has exited; then its work, or the end."""
+    _rename(comm)
+    while os.getppid() == middle:
+        time.sleep(0.0001)
+    die_with_parent()
+    if os.getppid() != runner:  # the runner died before it was handed over
+        os._exit(1)
+    told = b""
+    while not told.endswith(b"\n"):
+        chunk = os.read(assign, 64)
+        if not chunk:  # never given work: the run is over
+            os._exit(0)
+        told += chunk
+    os.close(assign)
+    name, slot = told.decode().split()
+    start_worker(name, int(slot))
