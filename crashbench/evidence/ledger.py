@@ -159,9 +159,14 @@ class Ledger:
     _finished: bool = False  # after finish(), a poll would reopen the files and read them twice
 
     def path_for(self, worker: str) -> Path:
-        path = self.directory / f"{worker}.ledger"
+        """`worker`'s ledger file, read from now on."""
+        path = self.path_of(worker)
         self._tails.setdefault(worker, _Tail(path))
         return path
+
+    def path_of(self, worker: str) -> Path:
+        """`worker`'s ledger file, without reading it: for the process that forks the worker."""
+        return self.directory / f"{worker}.ledger"
 
     def poll(self, worker: str | None = None) -> None:
         """Read what was appended since the last poll (of one worker, or of all)."""

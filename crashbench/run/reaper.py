@@ -18,10 +18,12 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
 PR_SET_PDEATHSIG = 1
+STOPS = {signal.SIGINT, signal.SIGTERM}  # how crashbench is asked to stop; blocked across its forks
 PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False  # whether this process is a child subreaper (set once, for the process's life)
 _lifelines: set[int] = set()  # write ends of this process's watchdog pipes: no child may hold one
@@ -105,9 +107,15 @@ class Watchdog:
         self.pid = 0
         self.fd = -1
 
-    def watch(self, sid: int) -> None:
+    def start(self) -> None:
+        """Fork it now, if it does not run yet: a fork keeps every page of this process's heap it
+        shares until this process writes it, so forked from a large runner it would come to hold a
+        copy of whatever the runner touches for the rest of the run."""
         if self.fd < 0:
             self._start()
+
+    def watch(self, sid: int) -> None:
+        self.start()
         with contextlib.suppress(OSError):  # it was killed: go on without it
             os.write(self.fd, f"{sid}\n".encode())
 
@@ -135,6 +143,20 @@ class Watchdog:
         self.fd = -1
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)  # it exits on the goodbye at once
+
+
+def log_to(log: Path) -> None:
+    """In a new child of crashbench: nothing on stdin, stdout and stderr appended to `log`."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for fd in {null, out} - {0, 1, 2}:
+        os.close(fd)
+    # The parent's sys.stdout/stderr may be wrappers of its own (a test runner's capture): rebind.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def close_lifelines() -> None:

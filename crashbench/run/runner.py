@@ -132,8 +132,11 @@ class CrashRun:
         spec_file = self.dir / "worker.json"
         spec_file.write_text(wspec.to_json(design_spec))
 
-        def prepare(name: str, slot: int) -> Callable[[], int]:
-            path = self.ledger.path_for(name)
+        def register(name: str, slot: int) -> None:
+            self.ledger.path_for(name)
+
+        def prepare(name: str, slot: int) -> Callable[[], int]:  # where the worker is forked: it registers nothing
+            path = self.ledger.path_of(name)
             # Through the proxy, or from the slot's namespace, when the run has network faults.
             url, enter = self.net.worker_url(redis_url, slot), self.net.enter
 
@@ -145,7 +148,7 @@ class CrashRun:
 
             return worker
 
-        self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker)
+        self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker, register=register)
         self.worker_faults = WorkerFaults(
             self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.longest_job_s
         )
@@ -203,6 +206,9 @@ class CrashRun:
         for text in self.warnings if self.warn is not None else ():
             self.warn(text)
         self.net = RunNetwork.start(self.planned, self.url, self.sc, self.broker, self.external, self.dir / "logs")
+        # Before the job list exists: workers are forked from a process that never holds it, so a
+        # restart costs the same at any job count (crashbench.run.zygote).
+        self.sup.start_zygote()
         self.design.setup()
         ids = job_ids(self.sc.jobs)
         if not self.producing:

@@ -1,9 +1,11 @@
 """Worker processes: fork, signal, freeze, reap, and stop every one of them, always.
 
-Workers are forked from the runner, which has already imported redis-py and the design, so a
-replacement is ready in milliseconds instead of the ~0.3 s a cold `python -c 'import redis'` costs.
-Each worker is a real, separate process in its own session (a terminal's Ctrl-C reaches crashbench
-only, which then stops workers in order) and dies with its parent (PR_SET_PDEATHSIG on Linux).
+Workers are forked from a process that has already imported redis-py and the design, so a
+replacement is ready in milliseconds instead of the ~0.3 s a cold `python -c 'import redis'` costs:
+the run's fork server (crashbench.run.zygote), whose size does not grow with the run's, once it has
+one, else the runner itself. Either way a worker is the runner's child. Each worker is a real,
+separate process in its own session (a terminal's Ctrl-C reaches crashbench only, which then stops
+workers in order) and dies with its parent (PR_SET_PDEATHSIG on Linux).
 
 Identity: a child stays a zombie until its parent reaps it, so a pid we have not reaped cannot
 belong to anyone else. We reap only here, and check the process's start time before each signal.
@@ -27,12 +29,20 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
-from crashbench.run.reaper import Watchdog, become_subreaper, close_lifelines, die_with_parent, end_sessions
-
-STOPS = {signal.SIGINT, signal.SIGTERM}
+from crashbench.run.reaper import (
+    STOPS,
+    Watchdog,
+    become_subreaper,
+    close_lifelines,
+    die_with_parent,
+    end_sessions,
+    log_to,
+)
+from crashbench.run.zygote import Zygote
 
 
 @dataclass(slots=True)
@@ -68,8 +78,11 @@ class WorkerProcess:
 class Supervisor:
     """Owns every worker process of one run.
 
-    `prepare(name, slot)` runs in the parent before each fork (register the worker's ledger file, ...) and
-    returns the worker body, which runs in the child and returns its exit code.
+    `prepare(name, slot)` returns the worker body, which runs in the child and returns its exit code.
+    It is called where the worker is forked: in this process before a fork of its own, or, with a
+    zygote (`start_zygote`), in the new worker itself, so it must change nothing this process relies
+    on. What must be done here before each worker starts (register its ledger file, ...) is
+    `register(name, slot)`.
     """
 
     def __init__(
@@ -78,8 +91,10 @@ class Supervisor:
         log_dir: Path,
         clock: Callable[[], float],
         tree: bool = False,
+        register: Callable[[str, int], object] | None = None,
     ) -> None:
         self.prepare = prepare
+        self.register = register
         self.tree = tree
         self.log_dir = log_dir
         self.clock = clock
@@ -87,31 +102,38 @@ class Supervisor:
         self.slots: dict[int, WorkerProcess] = {}  # slot -> its current worker
         self._pid = os.getpid()
         self.watchdog = Watchdog()
+        self.zygote: Zygote | None = None
+
+    def start_zygote(self) -> None:
+        """Fork workers from now on from a fork server started now (crashbench.run.zygote): started
+        before this process grows, it keeps a restart as cheap as it is now. Stopped by `stop_all`;
+        without one (not Linux, or it failed) workers are forked from here. The watchdog is forked
+        now too, for the same reason (see Watchdog.start)."""
+        self.watchdog.start()
+        if self.zygote is None:
+            self.zygote = Zygote.start(self._adopted, self.log_dir / "zygote.log")
 
     def spawn(self, slot: int) -> WorkerProcess:
         name = f"w{len(self.workers)}"
         log = self.log_dir / f"{name}.log"
-        body = self.prepare(name, slot)
+        if self.register is not None:
+            self.register(name, slot)
         become_subreaper()
         sys.stdout.flush()
         sys.stderr.flush()
         # Blocked across the fork: a SIGTERM or SIGINT for the new child (stop_all right after a spawn)
         # or for crashbench must not run crashbench's own Python handler in the child, which would
         # raise there, inside the interpreter's at-fork hooks, and print to crashbench's stderr. The
-        # child unblocks once its handlers are the defaults; the parent at once.
+        # child unblocks once its handlers are the defaults; the parent at once. And across the hand-over
+        # of the zygote's spare: an interrupt must not leave a worker running whose pid we never kept.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
-        pid = os.fork()
-        if pid == 0:  # the child: never return into the caller
-            code = 1
-            try:
-                self._become_worker(log)
-                code = body()
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        try:
+            pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
+            if not pid:
+                self.zygote = None  # none, or it failed and is stopped: fork from here
+                pid = self._fork(log, self.prepare(name, slot))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         try:
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:  # already exited and is a zombie; still ours until reaped
@@ -122,6 +144,28 @@ class Supervisor:
         self.slots[slot] = worker
         return worker
 
+    def _fork(self, log: Path, body: Callable[[], int]) -> int:
+        pid = os.fork()
+        if pid == 0:
+            self._run(log, body)
+        return pid
+
+    def _adopted(self, name: str, slot: int) -> None:
+        """In the zygote's spare (already this process's child), once told it is worker `name`."""
+        self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)())
+
+    def _run(self, log: Path, body: Callable[[], int]) -> NoReturn:
+        """The new worker: never return into the caller."""
+        code = 1
+        try:
+            self._become_worker(log)
+            code = body()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+
     def _become_worker(self, log: Path) -> None:
         os.setsid()
         die_with_parent()
@@ -131,14 +175,7 @@ class Supervisor:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        # The parent's sys.stdout/stderr may be wrappers of its own (a test runner's capture): rebind.
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        log_to(log)
 
     def alive(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.alive]
@@ -263,7 +300,11 @@ class Supervisor:
         return True
 
     def stop_all(self, grace: float) -> None:
-        """SIGTERM every live worker, SIGKILL whoever is still there after `grace`, reap them all."""
+        """SIGTERM every live worker, SIGKILL whoever is still there after `grace`, reap them all; and
+        the zygote: no worker starts from it after this."""
+        if self.zygote is not None:
+            self.zygote.stop()
+            self.zygote = None
         for w in self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.send(w, signal.SIGTERM, whole_tree=False)  # the worker decides what its children do
