@@ -132,9 +132,6 @@ class CrashRun:
         spec_file = self.dir / "worker.json"
         spec_file.write_text(wspec.to_json(design_spec))
 
-        def register(name: str, slot: int) -> None:
-            self.ledger.path_for(name)
-
         def prepare(name: str, slot: int) -> Callable[[], int]:  # where the worker is forked: it registers nothing
             path = self.ledger.path_of(name)
             # Through the proxy, or from the slot's namespace, when the run has network faults.
@@ -148,6 +145,7 @@ class CrashRun:
 
             return worker
 
+        register = lambda name, _slot: self.ledger.path_for(name)  # noqa: E731 - in the runner, before each fork
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker, register=register)
         self.worker_faults = WorkerFaults(
             self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.longest_job_s
