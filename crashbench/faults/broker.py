@@ -196,6 +196,24 @@ class Producer:
             self.chunks.append((now, ids, ok, ok and self.lagging))
 
 
+class ReplicaCut:
+    """The replica cut off `lag` seconds before a broker fault is due, and from then on the producer's
+    enqueues marked lagging (what a failover may lose): one schedule for both kinds of broker fault
+    (crashbench.faults.injector on one server, crashbench.faults.cluster on a cluster's shard)."""
+
+    def __init__(self, cut: Callable[[], None], producer: Producer, lag: float, mark: Callable[[float, str], None]):
+        self.cut, self.producer, self.lag, self.mark = cut, producer, lag, mark
+        self.done = not lag
+
+    def step(self, now: float, due: float) -> None:
+        if not self.done and now >= due - self.lag:
+            self.cut()
+            self.mark(now, "replica_cut")
+            self.done = True
+        if self.done and self.lag:
+            self.producer.lagging = True
+
+
 def _command(url: str, *args: str | int) -> None:
     """One command of the harness's to a server of the run, on a connection of its own."""
     client = redis.Redis.from_url(url, socket_timeout=5)

@@ -38,7 +38,7 @@ import redis
 from crashbench.designs import Located
 from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Producer
+from crashbench.faults.broker import Producer, ReplicaCut
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
@@ -246,14 +246,14 @@ class ClusterFaults:
         clock: Callable[[], float],
     ) -> None:
         self.fault = next(f for f in planned if f.kind in KINDS)
-        self.broker, self.producer, self.replica_lag = broker, producer, replica_lag
+        self.broker, self.producer = broker, producer
         self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
         self.t0 = 0.0
         self.record: BrokerFaultRecord | None = None
         self.held_at_fault: set[str] = set()
         self.held_after_promotion: set[str] = set()
         self.watcher: Watcher | None = None
-        self._cut = not replica_lag
+        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark)
         self._restart_at: float | None = None
         self._rejoining = False
 
@@ -266,12 +266,7 @@ class ClusterFaults:
 
     def step(self, now: float) -> None:
         kind, due = self.fault.kind, self.t0 + self.fault.at
-        if not self._cut and now >= due - self.replica_lag:
-            self.broker.cut_replica()
-            self.mark(now, "replica_cut")
-            self._cut = True
-        if self._cut and self.replica_lag:
-            self.producer.lagging = True
+        self._cut.step(now, due)
         if self.record is None and now >= due:
             offset = self.broker.pause_primary()  # a snapshot, as on one server (BrokerFaults)
             self.held_at_fault = held = set(self.locate(None).held)

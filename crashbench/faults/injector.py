@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from crashbench.designs import Located
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Broker, Producer, wait_back
+from crashbench.faults.broker import Broker, Producer, ReplicaCut, wait_back
 from crashbench.faults.proxy import ProxyProcess
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
@@ -153,13 +153,13 @@ class BrokerFaults:
     ) -> None:
         self.fault = next(f for f in planned if f.kind in ("broker-kill", "failover"))
         self.broker, self.producer = broker, producer
-        self.replica_lag, self.persistence = replica_lag, persistence
+        self.persistence = persistence
         self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
         self.t0 = 0.0
         self.record: BrokerFaultRecord | None = None
         self.held_at_fault: set[str] = set()  # the harness's reading when the fault struck
         self.held_after_promotion: set[str] = set()  # read on a cluster only (crashbench.faults.cluster)
-        self._cut = not replica_lag
+        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark)
         self._back_due: float | None = None
 
     @property
@@ -168,12 +168,7 @@ class BrokerFaults:
 
     def step(self, now: float) -> None:
         due = self.t0 + self.fault.at
-        if not self._cut and now >= due - self.replica_lag:
-            self.broker.cut_replica()
-            self.mark(now, "replica_cut")
-            self._cut = True
-        if self._cut and self.replica_lag:
-            self.producer.lagging = True
+        self._cut.step(now, due)
         if self.record is None and now >= due:
             # The harness's own reading of what the server holds as it dies: nothing runs in this
             # loop between this read and the fault, and every client's writes wait meanwhile, so the
