@@ -61,9 +61,9 @@ def test_a_design_locates_its_jobs_by_its_own_key_roles(client: redis.Redis, val
 def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
     client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The depth chart's reading, a key at a time and CHUNK entries at a time (so a million waiting jobs
+    """The depth chart's reading, a key at a time and PIECE entries at a time (so a million waiting jobs
     cost a byte each), against the whole reading it stands for: the same pending, delayed and dead."""
-    monkeypatch.setattr(inspector, "CHUNK", 7)  # every key below spans several pieces
+    monkeypatch.setattr(depth.Reader, "PIECE", 7)  # every key below spans several pieces
     q = ReliableQueue(client, "insp:4:", DesignSettings())
 
     def entry(i: int, attempts: int = 0) -> str:
@@ -82,8 +82,8 @@ def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
     )  # fmt: skip
     found = depth.read(q, raw, inside)
     assert (found.pending, found.delayed, found.dead) == expected == (41, 15, 10)
-    # A list comes CHUNK entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).
-    assert max(len(p.items) for p in inspector.pieces(raw, q.key_patterns()) if p.type == "list") == 7
+    # A list comes 7 entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).
+    assert max(len(p.items) for p in inspector.pieces(raw, q.key_patterns(), 7) if p.type == "list") == 7
 
 
 def test_a_depth_reading_goes_on_over_ticks_and_is_dated_when_it_began(
@@ -91,7 +91,7 @@ def test_a_depth_reading_goes_on_over_ticks_and_is_dated_when_it_began(
 ) -> None:
     """A big backlog is read a slice per tick, so that the runner's loop (which restarts killed workers)
     is never held up for the seconds a reading of millions takes; the sample is the complete reading."""
-    monkeypatch.setattr(inspector, "CHUNK", 5)
+    monkeypatch.setattr(depth.Reader, "PIECE", 5)
     q = ReliableQueue(client, "insp:5:", DesignSettings())
     client.rpush("insp:5:pending", *[json.dumps({"id": f"{i:06d}", "payload": "", "attempts": 0}) for i in range(50)])
     raw = inspector.raw_client(valkey_url)

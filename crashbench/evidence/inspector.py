@@ -73,19 +73,20 @@ def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
     return Snapshot(keys, time.perf_counter() - started)
 
 
-def pieces(client: redis.Redis, patterns: Sequence[str]) -> Iterator[StoredKey]:
-    """The same reading as `take`, one key at a time, and a list, set, sorted set or hash CHUNK entries
-    at a time: for a reading that only counts (the depth chart), whose memory must not grow with the
-    backlog (a million waiting jobs). A stream comes whole: its groups and entries belong together."""
+def pieces(client: redis.Redis, patterns: Sequence[str], chunk: int = CHUNK) -> Iterator[StoredKey]:
+    """The same reading as `take`, one key at a time, and a list, set, sorted set or hash `chunk`
+    entries at a time: for a reading that only counts (the depth chart), whose memory must not grow
+    with the backlog (a million waiting jobs). A stream comes whole: its groups and entries belong
+    together."""
     for name, text, kind in _listing(client, patterns):
         if kind == "list":
-            for start in range(0, client.llen(name), CHUNK):
-                yield StoredKey(text, kind, items=client.lrange(name, start, start + CHUNK - 1))
+            for start in range(0, client.llen(name), chunk):
+                yield StoredKey(text, kind, items=client.lrange(name, start, start + chunk - 1))
         elif kind in ("set", "zset", "hash"):
             scan = {"set": client.sscan, "zset": client.zscan, "hash": client.hscan}[kind]
             cursor: int | None = None
             while cursor != 0:
-                cursor, got = scan(name, cursor or 0, count=CHUNK)
+                cursor, got = scan(name, cursor or 0, count=chunk)
                 if kind == "hash":
                     yield StoredKey(text, kind, fields=got)
                 else:
