@@ -4,6 +4,7 @@ mid-job SIGKILLs, on a private server), and what crashbench's own process costs 
     peak RSS      of the crashbench process itself (psutil, sampled every 20 ms; workers not included)
     per job       bytes of peak RSS per job above the smallest run's
     restart       median SIGKILL -> replacement READY (the result's restart_ms_median)
+    replacement   median spawn -> READY of the replacements: the restart without the runner's part
     counting      the saved timeline -> every count again (crashbench recount's work), seconds
     wall          the whole command, seconds
     counts        done / lost / duplicated / interrupted, and the evidence checks' problems (0: proven)
@@ -31,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from crashbench.evidence import recount
+from crashbench.evidence.timeline import Timeline
 
 RUNS = Path("results/scale")
 ARGS = ["run", "--design", "reliable-batch", "--job-ms", "0", "--workers", "8", "--kills", "5", "--plain"]
@@ -49,6 +51,7 @@ class Row:
     interrupted: int
     problems: int
     result: str
+    start_ms: float | None = None  # median spawn -> READY of the replacements alone (the runner's part left out)
 
 
 def measure(jobs: int) -> Row:
@@ -78,8 +81,16 @@ def measure(jobs: int) -> Row:
     c = run.counts
     return Row(
         jobs, peak, run.timings.restart_ms_median, round(counting, 3), round(wall, 2), c.done, c.lost,
-        c.duplicated, c.interrupted, len(run.problems), path.name,
+        c.duplicated, c.interrupted, len(run.problems), path.name, replacement_start(timelines[0]),
     )  # fmt: skip
+
+
+def replacement_start(tl: Timeline) -> float | None:
+    """Median spawn -> READY of the workers that replaced killed ones: the restart without the
+    runner's own part (noticing the death, handing the slot over)."""
+    spawned = {s.worker: s.t for s in tl.spawns}
+    starts = [tl.ready[k.replacement] - spawned[k.replacement] for k in tl.kills if k.replacement in tl.ready]
+    return round(statistics.median(starts) * 1000, 3) if starts else None
 
 
 def _median(values: list[float]) -> float:
@@ -93,9 +104,9 @@ def table(rows: list[Row]) -> list[str]:
     runs = {n: [r for r in rows if r.jobs == n] for n in sizes}
     base = _median([r.peak_rss for r in runs[sizes[0]]])
     out = [
-        "| jobs | runs | peak RSS | per job above the smallest run | restart (median) | counting | wall "
-        "| done | lost | problems |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| jobs | runs | peak RSS | per job above the smallest run | restart (median) | replacement start "
+        "| counting | wall | done | lost | problems |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n in sizes:
         rs = runs[n]
@@ -103,8 +114,10 @@ def table(rows: list[Row]) -> list[str]:
         per_job = f"{(rss - base) / (n - sizes[0]):.0f} B" if n > sizes[0] else "-"
         restarts = [r.restart_ms for r in rs if r.restart_ms is not None]
         restart = f"{_median(restarts):.1f} ms" if restarts else "-"
+        starts = [r.start_ms for r in rs if r.start_ms is not None]
+        start = f"{_median(starts):.1f} ms" if starts else "-"
         out.append(
-            f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} "
+            f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} | {start} "
             f"| {_median([r.counting_s for r in rs]):.2f} s | {_median([r.wall_s for r in rs]):.1f} s "
             f"| {min(r.done for r in rs):,} | {max(r.lost for r in rs)} | {max(r.problems for r in rs)} |"
         )

@@ -4,6 +4,8 @@ workers). The figures themselves are benchmarks, not tests."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -77,3 +79,15 @@ def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) ->
     assert all(p["server_cpu"] is not None for p in data["points"])  # its own server: CPU is measured
     assert_clean_error(crashbench("bench", "--workers", "0,x", tmp_path=tmp_path), 2, "--workers")
     assert_clean_error(crashbench("bench", "--designs", "nope", tmp_path=tmp_path), 2, "unknown design")
+
+
+def test_the_readme_scale_table_is_what_its_figures_give() -> None:
+    """The README's scale table is bench/scale.py's rendering of results/readme/scale/scale.json
+    (make bench-scale), every row of it."""
+    root = Path(__file__).resolve().parent.parent
+    table = subprocess.run(
+        [sys.executable, str(root / "bench" / "scale.py"), "--table", str(root / "results" / "readme" / "scale")],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    readme = (root / "README.md").read_text()
+    assert len(table) == 6 and all(line in readme for line in table)
