@@ -179,5 +179,6 @@ def test_a_second_ctrl_c_exits_130_not_click_s_exit_1(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signals", [2])  # one SIGINT / SIGTERM: tests/test_hygiene.py
 def test_ctrl_c_in_bench_exits_130(signals: int, tmp_path: Path) -> None:
-    args = ["bench", "--designs", "reliable", "--workers", "2", "--jobs", "200000", "--repeat", "1"]
+    # 50,000 jobs: enqueued in under 1 s; two reliable workers take over 10 s on them (~4,400 jobs/s)
+    args = ["bench", "--designs", "reliable", "--workers", "2", "--jobs", "50000", "--repeat", "1"]
     _interrupt([*args, "--memory-jobs", "0"], 3, signals, 0.3, tmp_path)  # server + 2 workers
