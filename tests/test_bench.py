@@ -64,7 +64,7 @@ def test_restart_and_memory_figures_are_measured(server: ServerInfo) -> None:
 
 
 def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) -> None:
-    from tests.test_cli import assert_clean_error, crashbench
+    from tests.test_cli import assert_clean_error, crashbench, crashbench_here
 
     args = ["--designs", "naive", "--workers", "1,2", "--jobs", "300", "--repeat", "1", "--memory-jobs", "1000"]
     cp = crashbench("bench", *args, "--out", str(tmp_path), "--plain", tmp_path=tmp_path)
@@ -77,8 +77,8 @@ def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) ->
     assert {m["structure"] for m in data["memory"]} == {"list", "stream"}
     assert data["environment"]["server_mode"] == "embedded"
     assert all(p["server_cpu"] is not None for p in data["points"])  # its own server: CPU is measured
-    assert_clean_error(crashbench("bench", "--workers", "0,x", tmp_path=tmp_path), 2, "--workers")
-    assert_clean_error(crashbench("bench", "--designs", "nope", tmp_path=tmp_path), 2, "unknown design")
+    assert_clean_error(crashbench_here("bench", "--workers", "0,x", tmp_path=tmp_path), 2, "--workers")
+    assert_clean_error(crashbench_here("bench", "--designs", "nope", tmp_path=tmp_path), 2, "unknown design")
 
 
 def test_the_readme_scale_table_is_what_its_figures_give() -> None:

@@ -15,7 +15,7 @@ from crashbench.errors import ExitCode
 from crashbench.evidence.counts import Problem
 from crashbench.report.results import DesignRun
 from crashbench.scenario import Scenario
-from tests.test_cli import SMALL, assert_clean_error, crashbench
+from tests.test_cli import SMALL, assert_clean_error, crashbench, crashbench_here
 from tests.test_export import SCENARIO, result, run
 
 
@@ -61,16 +61,16 @@ def test_repeat_keeps_every_run_with_its_seed_and_schedule_and_shows_the_spread(
 
 def test_results_lists_and_show_renders_a_saved_result(store: Path, tmp_path: Path) -> None:
     rid = saved(store)["id"]
-    cp = crashbench("results", "--dir", str(store), "--design", "reliable", tmp_path=tmp_path)
+    cp = crashbench_here("results", "--dir", str(store), "--design", "reliable", tmp_path=tmp_path)
     assert cp.returncode == 0 and rid in cp.stdout and "pass" in cp.stdout
-    cp = crashbench("results", "--dir", str(store), "--scenario", "other", tmp_path=tmp_path)
+    cp = crashbench_here("results", "--dir", str(store), "--scenario", "other", tmp_path=tmp_path)
     assert rid not in cp.stdout
-    cp = crashbench("show", rid[:17], "--dir", str(store), "--plain", tmp_path=tmp_path)
+    cp = crashbench_here("show", rid[:17], "--dir", str(store), "--plain", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stderr
     # Whitespace folded: where a line breaks depends on the width and the measured figures.
     text = " ".join(cp.stdout.split())
     assert "2 repeats" in text and "+--" in text and "✓ reliable: lost == 0" in text
-    assert_clean_error(crashbench("show", "nope", "--dir", str(store), tmp_path=tmp_path), 2, "no result 'nope'")
+    assert_clean_error(crashbench_here("show", "nope", "--dir", str(store), tmp_path=tmp_path), 2, "no result 'nope'")
 
 
 @pytest.mark.parametrize(
@@ -86,29 +86,33 @@ def test_check_exit_code_follows_the_thresholds(
     store: Path, tmp_path: Path, rules: list[str], code: int, line: str
 ) -> None:
     args = [a for rule in rules for a in ("-t", rule)]
-    cp = crashbench("check", "--results", "latest", "--dir", str(store), *args, "--plain", tmp_path=tmp_path)
+    cp = crashbench_here("check", "--results", "latest", "--dir", str(store), *args, "--plain", tmp_path=tmp_path)
     assert cp.returncode == code, cp.stderr + cp.stdout
     assert line in cp.stdout
 
 
 def test_baseline_relative_thresholds(store: Path, tmp_path: Path) -> None:
     base = ["--results", "latest", "--baseline", "latest", "--dir", str(store), "--plain"]
-    cp = crashbench("check", *base, "-t", "jobs_per_s>=-10%", tmp_path=tmp_path)
+    cp = crashbench_here("check", *base, "-t", "jobs_per_s>=-10%", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stdout
     assert "baseline" in cp.stdout
-    cp = crashbench("check", *base, "-t", "reliable: jobs_per_s>=+50%", tmp_path=tmp_path)
+    cp = crashbench_here("check", *base, "-t", "reliable: jobs_per_s>=+50%", tmp_path=tmp_path)
     assert cp.returncode == ExitCode.THRESHOLD_VIOLATED, cp.stdout
 
 
 def test_bad_thresholds_and_export_paths_fail_before_any_run(tmp_path: Path) -> None:
     nowhere = ["--server", "/nonexistent/redis-server"]  # had a run started: exit 3, not 2
-    assert_clean_error(crashbench("check", "-t", "lots=0", *nowhere, tmp_path=tmp_path), 2, "unknown metric 'lots'")
-    cp = crashbench("check", "-t", "jobs_per_s>=-10%", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(
+        crashbench_here("check", "-t", "lots=0", *nowhere, tmp_path=tmp_path), 2, "unknown metric 'lots'"
+    )
+    cp = crashbench_here("check", "-t", "jobs_per_s>=-10%", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "needs a baseline")
-    cp = crashbench("check", "--junit", str(tmp_path / "missing" / "j.xml"), *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("check", "--junit", str(tmp_path / "missing" / "j.xml"), *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "missing")
-    assert_clean_error(crashbench("check", "--baseline", "nope", *nowhere, tmp_path=tmp_path), 2, "no result 'nope'")
-    cp = crashbench("check", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
+    assert_clean_error(
+        crashbench_here("check", "--baseline", "nope", *nowhere, tmp_path=tmp_path), 2, "no result 'nope'"
+    )
+    cp = crashbench_here("check", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
     assert_clean_error(cp, ExitCode.SERVER_UNAVAILABLE, "127.0.0.1:1")
 
 
@@ -116,7 +120,7 @@ def test_exports_junit_markdown_csv_and_the_github_step_summary(store: Path, tmp
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
     junit, md, table = tmp_path / "j.xml", tmp_path / "s.md", tmp_path / "runs.csv"
-    cp = crashbench(
+    cp = crashbench_here(
         "check", "--results", "latest", "--dir", str(store), "-t", "lost=0", "--plain",
         "--junit", str(junit), "--markdown", str(md), "--csv", str(table),
         tmp_path=tmp_path, env={"GITHUB_STEP_SUMMARY": str(summary)},
@@ -159,10 +163,10 @@ def test_ci_examples_check_against_a_baseline_this_crashbench_reads(tmp_path: Pa
     # below holds, and one 1 % above must not (so the comparison really took the baseline's values).
     baseline = str(examples / "baseline.json")
     args = ["check", "--results", baseline, "--baseline", baseline, "--plain"]
-    cp = crashbench(*args, "-t", "jobs_per_s>=-20%", tmp_path=tmp_path)
+    cp = crashbench_here(*args, "-t", "jobs_per_s>=-20%", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "✓ reliable: jobs_per_s >= -20%" in cp.stdout and "✓ stream: recovery_p95 < 2000ms" in cp.stdout
-    cp = crashbench(*args, "-t", "jobs_per_s>=+1%", tmp_path=tmp_path)
+    cp = crashbench_here(*args, "-t", "jobs_per_s>=+1%", tmp_path=tmp_path)
     assert cp.returncode == 1, cp.stdout + cp.stderr
     assert "✗ reliable: jobs_per_s >= +1%" in cp.stdout
 
@@ -178,7 +182,7 @@ def saved_result(tmp_path: Path, runs: list[DesignRun], expect: dict[str, list[s
 
 
 def check_file(path: Path, *args: str, tmp_path: Path):
-    return crashbench("check", "--results", str(path), "--plain", *args, tmp_path=tmp_path)
+    return crashbench_here("check", "--results", str(path), "--plain", *args, tmp_path=tmp_path)
 
 
 def test_check_a_design_no_threshold_applied_to_is_no_verdict_unless_allowed(tmp_path: Path) -> None:
@@ -206,7 +210,7 @@ def test_check_without_any_threshold_is_no_verdict(tmp_path: Path) -> None:
 
 def test_show_and_run_style_commands_treat_unchecked_as_exploration(tmp_path: Path) -> None:
     path = saved_result(tmp_path, [run("mine")])
-    cp = crashbench("show", str(path), "--plain", tmp_path=tmp_path)
+    cp = crashbench_here("show", str(path), "--plain", tmp_path=tmp_path)
     # show re-renders the saved status (thresholds not evaluated: unchecked) and is not a gate
     assert cp.returncode == ExitCode.OK, cp.stdout + cp.stderr
     assert "mine: no threshold applied" in cp.stdout
@@ -275,23 +279,23 @@ def test_bench_results_share_the_store_without_taking_latest(store: Path, tmp_pa
     (bench,) = mixed.glob("*-bench.json")
     bench_id = json.loads(bench.read_text())["id"]
     assert bench.name > f"{crash_id}" and bench_id != crash_id  # newer: it would have been `latest`
-    cp = crashbench("show", "latest", "--dir", str(mixed), "--plain", tmp_path=tmp_path)
+    cp = crashbench_here("show", "latest", "--dir", str(mixed), "--plain", tmp_path=tmp_path)
     assert cp.returncode == 0 and crash_id in cp.stdout, cp.stderr
-    cp = crashbench("check", "--results", "latest", "--baseline", "latest", "-t", "jobs_per_s>=-50%",
+    cp = crashbench_here("check", "--results", "latest", "--baseline", "latest", "-t", "jobs_per_s>=-50%",
                     "--allow-unchecked", "--dir", str(mixed), tmp_path=tmp_path)  # fmt: skip
     assert cp.returncode == 0, cp.stderr + cp.stdout
     cp = crashbench("replay", "latest", "--run", "1", "--dir", str(mixed), "--out", str(tmp_path / "r"),
                     tmp_path=tmp_path)  # fmt: skip
     assert cp.returncode == 0, cp.stderr + cp.stdout
     # 80 columns, the width when output is not a terminal: every id whole, on one line.
-    cp = crashbench("results", "--dir", str(mixed), tmp_path=tmp_path, env={"COLUMNS": "80"})
+    cp = crashbench_here("results", "--dir", str(mixed), tmp_path=tmp_path, env={"COLUMNS": "80"})
     assert cp.returncode == 0, cp.stderr
     lines = [line.split() for line in cp.stdout.splitlines() if line.startswith(("│", "|"))]
     rows = {cells[1]: " ".join(cells) for cells in lines if cells[1] not in ("│", "|")}  # not a wrapped cell
     assert f"results in {mixed}/ (2)" in cp.stdout.splitlines()  # the store's path whole too
     assert set(rows) == {crash_id, bench_id} and "bench" in rows[bench_id] and "bench" not in rows[crash_id]
-    cp = crashbench("results", "--kind", "bench", "--dir", str(mixed), tmp_path=tmp_path)
+    cp = crashbench_here("results", "--kind", "bench", "--dir", str(mixed), tmp_path=tmp_path)
     assert bench_id in cp.stdout and crash_id not in cp.stdout
-    cp = crashbench("results", "--kind", "crash", "--dir", str(mixed), tmp_path=tmp_path)
+    cp = crashbench_here("results", "--kind", "crash", "--dir", str(mixed), tmp_path=tmp_path)
     assert crash_id in cp.stdout and bench_id not in cp.stdout
-    assert_clean_error(crashbench("show", bench_id, "--dir", str(mixed), tmp_path=tmp_path), 2, "bench result")
+    assert_clean_error(crashbench_here("show", bench_id, "--dir", str(mixed), tmp_path=tmp_path), 2, "bench result")

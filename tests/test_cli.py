@@ -1,10 +1,16 @@
-"""The command line as a user runs it: real processes, real servers, exit codes, one-screen errors."""
+"""The command line as a user runs it: real processes, real servers, exit codes, one-screen errors.
+
+A command that starts nothing (a usage error, --help, list) runs in this process through the same
+entry point (`crashbench_here`): its exit code, stdout and stderr are those of `python -m crashbench`,
+without the interpreter's start-up; tests/test_exit_codes.py still ends every exit category in a real
+process."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +37,55 @@ def crashbench(
         env={**os.environ, "COLUMNS": "200", **(env or {})},
         check=False,
     )
+
+
+def crashbench_here(
+    *args: str, tmp_path: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """`crashbench ARGS` as `python -m crashbench` runs it (the same entry point, crashbench.cli.main,
+    argv, environment, working directory, fresh consoles reading COLUMNS, an uncaught exception's
+    traceback on stderr with exit 1), but inside this process: no interpreter start-up and imports
+    (about 0.4 s a call, more under load). Only for commands that start nothing (no server, worker or
+    run): usage errors, --help, list, and reading or gating saved results. Whatever a command changes
+    of this process (signal dispositions, consoles, sys.path, cwd) is put back."""
+    import traceback
+    import types
+
+    from click import formatting
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from crashbench.cli import common, main
+
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = (sys.argv, sys.path[:], sys.modules["__main__"], common.out, common.err, Path.cwd())
+    stand_in = types.ModuleType("__main__")
+    stand_in.__package__ = "crashbench"  # so click names the program "python -m crashbench", as it runs
+    runner = CliRunner()
+    try:
+        with runner.isolation(env={"COLUMNS": "200", **(env or {})}) as (stdout, stderr, _):
+            formatting.FORCED_WIDTH = None  # the isolation's 80 columns: a real process reads COLUMNS
+            common.out, common.err = Console(), Console(stderr=True)  # as importing crashbench.cli makes them
+            sys.argv = [str(ROOT / "crashbench" / "__main__.py"), *args]
+            sys.modules["__main__"] = stand_in
+            os.chdir(cwd)
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:  # what Python prints for an uncaught exception, exit 1
+                sys.stderr.write(traceback.format_exc())
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            out, err = stdout.getvalue().decode(), stderr.getvalue().decode()
+    finally:
+        sys.argv, sys.path[:], sys.modules["__main__"], common.out, common.err, cwd_before = saved
+        os.chdir(cwd_before)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+    return subprocess.CompletedProcess(["crashbench", *args], code, out, err)
 
 
 def assert_clean_error(cp: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
@@ -79,59 +134,61 @@ def test_failed_expectation_exits_1_and_is_marked(tmp_path: Path) -> None:
 def test_bad_scenario_exits_2_listing_every_problem(tmp_path: Path) -> None:
     sc = tmp_path / "bad.toml"
     sc.write_text("[workload]\njobs = 0\n[faults]\ninterval = -1\n")
-    cp = crashbench("run", "--scenario", str(sc), tmp_path=tmp_path)
+    cp = crashbench_here("run", "--scenario", str(sc), tmp_path=tmp_path)
     assert_clean_error(cp, 2, "2 problem(s)", "workload.jobs", "faults.interval")
 
 
 def test_bad_fault_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     # --server points nowhere: had anything started, the error would be exit 3, not 2.
     nowhere = ["--server", "/nonexistent/redis-server"]
-    assert_clean_error(crashbench("run", "--signal", "SIGNOPE", *nowhere, tmp_path=tmp_path), 2, "faults.signal")
-    assert_clean_error(crashbench("run", "--kill-when", "never", *nowhere, tmp_path=tmp_path), 2, "kill-when")
-    assert_clean_error(crashbench("run", "--pause", "0", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
-    assert_clean_error(crashbench("run", "--pause", "-1", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
-    cp = crashbench("run", "--poison-rate", "1.5", "--transient-rate", "-0.1", *nowhere, tmp_path=tmp_path)
+    assert_clean_error(crashbench_here("run", "--signal", "SIGNOPE", *nowhere, tmp_path=tmp_path), 2, "faults.signal")
+    assert_clean_error(crashbench_here("run", "--kill-when", "never", *nowhere, tmp_path=tmp_path), 2, "kill-when")
+    assert_clean_error(crashbench_here("run", "--pause", "0", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
+    assert_clean_error(crashbench_here("run", "--pause", "-1", *nowhere, tmp_path=tmp_path), 2, "faults.pause")
+    cp = crashbench_here("run", "--poison-rate", "1.5", "--transient-rate", "-0.1", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "workload.poison_rate", "workload.transient_rate")
-    cp = crashbench("sweep", "--param", "colour=1,2", *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("sweep", "--param", "colour=1,2", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "cannot sweep 'colour'", "stale_after")
-    cp = crashbench("sweep", "--param", "stale_after=fast", *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("sweep", "--param", "stale_after=fast", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "not a number")
-    cp = crashbench("sweep", "--param", "stale_after=0,1", *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("sweep", "--param", "stale_after=0,1", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "queue.stale_after")
 
 
 def test_a_threshold_naming_a_design_not_in_the_run_exits_2_before_anything_starts(tmp_path: Path) -> None:
     # --server points nowhere: had a server been started, the exit would be 3, not 2.
     nowhere = ["--server", "/nonexistent/redis-server"]
-    cp = crashbench("run", "-d", "reliable", "-t", "relable: lost=0", *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("run", "-d", "reliable", "-t", "relable: lost=0", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "--threshold 'relable: lost == 0'", "designs: reliable")
-    cp = crashbench("compare", "--designs", "naive,reliable", "-t", "stream: lost=0", *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("compare", "--designs", "naive,reliable", "-t", "stream: lost=0", *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "'stream: lost == 0'", "designs: naive, reliable")
     sc = tmp_path / "typo.toml"
     sc.write_text('name = "typo"\n[run]\ndesigns = ["reliable"]\n[expect.relable]\nlost = 0\n')
-    cp = crashbench("run", "-d", "reliable", "--scenario", str(sc), *nowhere, tmp_path=tmp_path)
+    cp = crashbench_here("run", "-d", "reliable", "--scenario", str(sc), *nowhere, tmp_path=tmp_path)
     assert_clean_error(cp, 2, "[expect.relable]", "designs: reliable")
 
 
 def test_a_scenario_expectation_for_another_of_its_designs_is_not_a_typo(tmp_path: Path) -> None:
     # The default scenario's [expect.naive] is for one of its run.designs: running reliable alone gets
     # as far as starting the server (exit 3 here), not a usage error.
-    cp = crashbench("run", "-d", "reliable", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
+    cp = crashbench_here("run", "-d", "reliable", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
     assert_clean_error(cp, 3, "not found")
 
 
 def test_unknown_design_exits_2_naming_the_known_ones(tmp_path: Path) -> None:
-    assert_clean_error(crashbench("run", "--design", "nope", tmp_path=tmp_path), 2, "unknown design 'nope'", "naive")
-    assert_clean_error(crashbench("run", "--design", "no_such_pkg.mod:Q", tmp_path=tmp_path), 2, "cannot import")
+    assert_clean_error(
+        crashbench_here("run", "--design", "nope", tmp_path=tmp_path), 2, "unknown design 'nope'", "naive"
+    )
+    assert_clean_error(crashbench_here("run", "--design", "no_such_pkg.mod:Q", tmp_path=tmp_path), 2, "cannot import")
 
 
 def test_missing_server_binary_exits_3_with_the_fix(tmp_path: Path) -> None:
-    cp = crashbench("run", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
+    cp = crashbench_here("run", "--server", "/nonexistent/redis-server", tmp_path=tmp_path)
     assert_clean_error(cp, 3, "not found", "hint")
 
 
 def test_unreachable_server_exits_3(tmp_path: Path) -> None:
-    cp = crashbench("run", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
+    cp = crashbench_here("run", "--redis-url", "redis://127.0.0.1:1/0", tmp_path=tmp_path)
     assert_clean_error(cp, 3, "cannot reach redis://127.0.0.1:1/0", "hint")
 
 
@@ -154,7 +211,7 @@ def test_external_server_keeps_its_foreign_keys_and_loses_ours(valkey_url: str, 
 
 
 def test_list_shows_designs_and_scenarios(tmp_path: Path) -> None:
-    cp = crashbench("list", tmp_path=tmp_path)
+    cp = crashbench_here("list", tmp_path=tmp_path)
     assert cp.returncode == 0, cp.stderr
     for name in ("naive", "reliable", "stream", "default"):
         assert name in cp.stdout
@@ -162,7 +219,7 @@ def test_list_shows_designs_and_scenarios(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_help_documents_every_option(command: str, tmp_path: Path) -> None:
-    cp = crashbench(command, "--help", tmp_path=tmp_path)
+    cp = crashbench_here(command, "--help", tmp_path=tmp_path)
     assert cp.returncode == 0
     for option in ("--scenario", "--jobs", "--job-ms", "--workers", "--kills", "--interval", "--signal", "--seed",
                    "--kill-when", "--redis-url", "--server", "--keep", "--out", "--json"):  # fmt: skip
@@ -194,9 +251,9 @@ def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path: 
     blocker.write_text("")
     for out in (blocker / "results", blocker, tmp_path / "a-dir.json"):
         (tmp_path / "a-dir.json").mkdir(exist_ok=True)
-        cp = crashbench("run", "--kills", "1", *nowhere, "--out", str(out), tmp_path=tmp_path)
+        cp = crashbench_here("run", "--kills", "1", *nowhere, "--out", str(out), tmp_path=tmp_path)
         assert_clean_error(cp, 2, "--out")
-    cp = crashbench("bench", *nowhere, "--out", str(blocker / "results"), tmp_path=tmp_path)
+    cp = crashbench_here("bench", *nowhere, "--out", str(blocker / "results"), tmp_path=tmp_path)
     assert_clean_error(cp, 2, "--out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir.json", "a-file"]  # nothing made
 
@@ -233,7 +290,7 @@ def test_keep_marks_its_directory_so_no_later_sweep_removes_it_and_paths_print_w
 
 def test_help_shows_baseline_examples_only_where_baseline_is_accepted_and_whole_summaries(tmp_path: Path) -> None:
     for command in ("run", "compare", "sweep"):
-        assert "baseline" not in crashbench(command, "--help", tmp_path=tmp_path).stdout
-    assert "jobs_per_s>=-10%" in crashbench("check", "--help", tmp_path=tmp_path).stdout.replace("\n", " ")
-    listing = crashbench("--help", tmp_path=tmp_path).stdout
+        assert "baseline" not in crashbench_here(command, "--help", tmp_path=tmp_path).stdout
+    assert "jobs_per_s>=-10%" in crashbench_here("check", "--help", tmp_path=tmp_path).stdout.replace("\n", " ")
+    listing = crashbench_here("--help", tmp_path=tmp_path).stdout
     assert "(e.g" not in listing

@@ -176,7 +176,9 @@ def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
     tag = uuid.uuid4().hex
     client = redis.Redis.from_url(valkey_url)
     before = set(client.scan_iter(match="crashbench:*"))
-    argv = ["bench", "--designs", "naive", "--workers", "2", "--jobs", "400000", "--repeat", "1"]
+    # 100,000 jobs: enqueued in about 1 s before the workers start; two workers take several seconds
+    # over them (naive: ~14,000 jobs/s), so the signal lands while they run, with the jobs still queued.
+    argv = ["bench", "--designs", "naive", "--workers", "2", "--jobs", "100000", "--repeat", "1"]
     proc, seen = start_tagged(
         [*argv, "--redis-url", valkey_url, "--out", str(tmp_path)],
         tag,

@@ -38,10 +38,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin directory of a fresh virtual environment with the wheel installed the ordinary way."""
+    """The bin directory of a fresh virtual environment with the wheel installed the ordinary way (pip
+    install, dependencies from the package index). This pip installs into it (--python) rather than a
+    copy of pip bootstrapped into it (ensurepip, seconds): the environment then holds only crashbench
+    and what it declares, not even pip and setuptools."""
     env_dir = tmp_path_factory.mktemp("venv")
-    venv.create(env_dir, with_pip=True)
-    cp = run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=env_dir, timeout=300)
+    venv.create(env_dir, with_pip=False)
+    target = ["--python", str(env_dir / "bin" / "python")]
+    cp = run([sys.executable, "-m", "pip", *target, "install", "-q", str(wheel)], cwd=env_dir, timeout=300)
     assert cp.returncode == 0, cp.stderr
     return env_dir / "bin"
 

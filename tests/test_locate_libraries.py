@@ -26,8 +26,16 @@ NEIGHBOUR_JOBS = ["900001", "900002"]  # enqueued by another run on the same ser
 
 
 @pytest.fixture
-def run_id() -> str:
-    return secrets.token_hex(4)
+def run_id(valkey_url: str) -> Iterator[str]:
+    """A run id of this test's own; every key naming it is deleted after the test, so that no later
+    test on the session's server finds these hand-made runs (tests/test_sharded.py looks for any)."""
+    rid = secrets.token_hex(4)
+    yield rid
+    r = redis.Redis.from_url(valkey_url)
+    names = list(r.scan_iter(match=f"*{rid}*", count=1000))
+    if names:
+        r.delete(*names)
+    r.close()
 
 
 def _design(client: redis.Redis, spec: str, run_id: str, index: int) -> Design:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from crashbench.errors import ScenarioError, UsageError
 from crashbench.faults import Fault, plan
 from crashbench.run.session import sweep_values
 from crashbench.scenario import files as scenario_files
+from tests.test_cli import crashbench_here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,9 +126,8 @@ def test_library_tables_pass_through_to_the_design_settings(tmp_path: Path) -> N
 
 
 def crashbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "crashbench", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, env=env, check=False)
+    """`python -m crashbench ARGS` in `cwd`, run in this process: every call here starts nothing."""
+    return crashbench_here(*args, tmp_path=cwd, cwd=cwd)
 
 
 def problems_of(tmp_path: Path, text: str | bytes) -> list[str]:
