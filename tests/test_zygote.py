@@ -138,9 +138,10 @@ def test_neither_the_zygote_nor_its_workers_hold_what_the_runner_allocated_after
         through = rss(sup.spawn(0).pid)
         sup.zygote.stop()  # from now on, forked from here
         direct = rss(sup.spawn(1).pid)
-        me = rss(os.getpid())
-        assert direct > me - BALLAST // 10  # a worker forked from here holds it: the check below can fire
-        assert max(zygote, through) < me - BALLAST * 9 // 10
+        # A worker forked from here holds the ballast (the check below can fire); compared with that
+        # worker, not with this process, whose RSS in a long test session holds more than a child maps.
+        assert direct > BALLAST
+        assert max(zygote, through) < direct - BALLAST * 9 // 10
     finally:
         sup.stop_all(grace=1.0)
     del ballast
