@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import psutil
 import pytest
@@ -47,13 +48,17 @@ def cluster() -> Iterator[EmbeddedCluster]:
     yield from started_cluster(3, 0)
 
 
-@pytest.fixture
-def few() -> Scenario:
-    """A few hundred jobs, three mid-job SIGKILLs."""
+def few_jobs(**changes: Any) -> Scenario:
+    """A few hundred jobs, three mid-job SIGKILLs (the cluster modules' crash run)."""
     return Scenario(
         name="few", jobs=300, job_ms=5, workers=4, kills=3, interval=0.1, stale_after=0.3, recover_every=0.05,
-        drain_timeout=15,
+        drain_timeout=15, **changes,
     )  # fmt: skip
+
+
+@pytest.fixture
+def few() -> Scenario:
+    return few_jobs()
 
 
 def crashbench_keys(url: str) -> list[str]:

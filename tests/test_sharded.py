@@ -26,7 +26,7 @@ from crashbench.run.server import cleanup_keys
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import started_cluster
-from tests.test_cluster import crashbench_keys
+from tests.test_cluster import crashbench_keys, few_jobs
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,7 @@ def cluster() -> Iterator[EmbeddedCluster]:
 @pytest.fixture
 def few() -> Scenario:
     """Three mid-job SIGKILLs among 300 jobs; 3 shards even where the default would be 1."""
-    return Scenario(
-        name="few", jobs=300, job_ms=5, workers=4, kills=3, interval=0.1, stale_after=0.3, recover_every=0.05,
-        drain_timeout=15, shards=3,
-    )  # fmt: skip
+    return few_jobs(shards=3)
 
 
 def _exact(result_runs: list, poison: int = 0) -> None:
