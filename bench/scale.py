@@ -14,7 +14,7 @@ mid-job SIGKILLs, on a private server), and what crashbench's own process costs 
 
     python bench/scale.py --table DIR             the README's table from DIR/scale.json, measuring nothing
 
-Each run's result file goes to results/scale/ (with its timeline: 300 MB at 10M jobs, so not kept
+Each run's result file goes to results/scale/ (with its timeline: 120 MB at 10M jobs, so not kept
 in git); the figures go to DIR/scale.json (default results/readme/scale).
 """
 
