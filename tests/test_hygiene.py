@@ -47,6 +47,14 @@ def tagged(tag: str) -> set[psutil.Process]:
     return found
 
 
+def name_of(p: psutil.Process) -> str:
+    """A process's name, "" once it is gone (the zygote's intermediates live a millisecond)."""
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def start_tagged(
     args: list[str], tag: str, started: Callable[[subprocess.Popen[str], set[psutil.Process]], bool], timeout: float
 ) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
@@ -64,8 +72,11 @@ def start_tagged(
         deadline = time.monotonic() + timeout
         while True:
             family = set(psutil.Process(proc.pid).children(recursive=True)) | tagged(tag)
-            if started(proc, family):
-                return proc, family
+            try:
+                if started(proc, family):
+                    return proc, family
+            except psutil.NoSuchProcess:
+                pass  # one went while `started` looked (the zygote's short-lived intermediates): look again
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, f"crashbench {' '.join(args)} never got going"
             time.sleep(0.05)
@@ -114,7 +125,7 @@ def test_interrupting_crashbench_stops_every_process_and_exits_130(sig: int, tmp
 def test_sigkill_of_crashbench_takes_its_workers_and_server_with_it(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     proc, seen = start_long_run(tag, tmp_path)
-    assert any(p.name().endswith("-server") for p in seen)
+    assert any(name_of(p).endswith("-server") for p in seen)
     proc.kill()
     proc.communicate(timeout=30)
     assert wait_until_gone(tag, seen) == []
