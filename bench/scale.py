@@ -93,16 +93,12 @@ def replacement_start(tl: Timeline) -> float | None:
     return round(statistics.median(starts) * 1000, 3) if starts else None
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def table(rows: list[Row]) -> list[str]:
     """One line per job count: the median of its runs' figures; done is the fewest any run had, lost
     and problems the most (a run that lost or mis-counted anything shows)."""
     sizes = sorted({r.jobs for r in rows})
     runs = {n: [r for r in rows if r.jobs == n] for n in sizes}
-    base = _median([r.peak_rss for r in runs[sizes[0]]])
+    base = statistics.median([r.peak_rss for r in runs[sizes[0]]])
     out = [
         "| jobs | runs | peak RSS | per job above the smallest run | restart (median) | replacement start "
         "| counting | wall | done | lost | problems |",
@@ -110,15 +106,16 @@ def table(rows: list[Row]) -> list[str]:
     ]
     for n in sizes:
         rs = runs[n]
-        rss = _median([r.peak_rss for r in rs])
+        rss = statistics.median([r.peak_rss for r in rs])
         per_job = f"{(rss - base) / (n - sizes[0]):.0f} B" if n > sizes[0] else "-"
         restarts = [r.restart_ms for r in rs if r.restart_ms is not None]
-        restart = f"{_median(restarts):.1f} ms" if restarts else "-"
+        restart = f"{statistics.median(restarts):.1f} ms" if restarts else "-"
         starts = [r.start_ms for r in rs if r.start_ms is not None]
-        start = f"{_median(starts):.1f} ms" if starts else "-"
+        start = f"{statistics.median(starts):.1f} ms" if starts else "-"
+        counting, wall = statistics.median([r.counting_s for r in rs]), statistics.median([r.wall_s for r in rs])
         out.append(
             f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} | {start} "
-            f"| {_median([r.counting_s for r in rs]):.2f} s | {_median([r.wall_s for r in rs]):.1f} s "
+            f"| {counting:.2f} s | {wall:.1f} s "
             f"| {min(r.done for r in rs):,} | {max(r.lost for r in rs)} | {max(r.problems for r in rs)} |"
         )
     return out

@@ -19,10 +19,17 @@ _names: list[str] = []  # code -1 - i <-> _names[i]: the ids that are not job nu
 _codes: dict[str, int] = {}
 
 
-def code(job: str) -> int:
-    """The id's code: its number for a canonical job number, else a negative code of its own."""
+def _number(job: str) -> int | None:
+    """The job number a canonical id spells (six digits, or more without a leading 0), else None."""
     if job.isascii() and job.isdigit() and (len(job) == 6 or (len(job) > 6 and job[0] != "0")):
         return int(job)
+    return None
+
+
+def code(job: str) -> int:
+    """The id's code: its number for a canonical job number, else a negative code of its own."""
+    if (n := _number(job)) is not None:
+        return n
     found = _codes.get(job)
     if found is None:
         _names.append(job)
@@ -37,9 +44,8 @@ def name(c: int) -> str:
 
 def known(job: str) -> int | None:
     """The id's code, without giving a new one to an id never seen (None then)."""
-    if job.isascii() and job.isdigit() and (len(job) == 6 or (len(job) > 6 and job[0] != "0")):
-        return int(job)
-    return _codes.get(job)
+    n = _number(job)
+    return n if n is not None else _codes.get(job)
 
 
 class JobIds(Sequence[str]):

@@ -80,7 +80,8 @@ def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
     expected = (
         sum(1 for j in whole.held if j not in whole.delayed and j not in inside), len(whole.delayed), len(whole.dead)
     )  # fmt: skip
-    found = depth.read(q, raw, inside)
+    found = depth.Reader(q, raw, inside).step()
+    assert found is not None
     assert (found.pending, found.delayed, found.dead) == expected == (41, 15, 10)
     # A list comes 7 entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).
     assert max(len(p.items) for p in inspector.pieces(raw, q.key_patterns(), 7) if p.type == "list") == 7

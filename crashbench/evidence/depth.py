@@ -43,9 +43,8 @@ class Reader:
 
     def __init__(self, design: Design, raw: redis.Redis, inside: AbstractSet[str]) -> None:
         self.design, self.raw, self.inside = design, raw, inside
-        patterns = design.key_patterns()
-        self.whole = type(design).locate is not Design.locate
-        self.pieces = None if self.whole else inspector.pieces(raw, patterns, self.PIECE)
+        whole = type(design).locate is not Design.locate  # a library's locate may join keys
+        self.pieces = None if whole else inspector.pieces(raw, design.key_patterns(), self.PIECE)
         self.held, self.dead = jobids.Marks(), jobids.Marks()
         self.pending = self.delayed = self.dead_n = 0
         self.spent = 0.0  # seconds spent in steps: the reading's cost
@@ -76,13 +75,6 @@ class Reader:
                 elif j not in self.inside:
                     self.pending += 1
         self.dead_n += sum(1 for j in found.dead if self.dead.add(jobids.code(j)))
-
-
-def read(design: Design, raw: redis.Redis, inside: AbstractSet[str]) -> Reading:
-    """A whole reading at once."""
-    found = Reader(design, raw, inside).step()
-    assert found is not None
-    return found
 
 
 class Sampler:
