@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 
 from crashbench.bench.results import BenchSettings, ProxyCost, stats
-from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.faults.proxyctl import ProxyProcess, proxy_for
 from crashbench.run import workdirs
 from crashbench.run.server import ServerInfo
 

@@ -1,10 +1,11 @@
 """The network fault proxy: a TCP proxy between each worker slot and the server, with Toxiproxy's
 toxics, so one worker (or all) can meet a slow, stalled, reset or refused connection. No root needed.
 
-It runs as its own process (`python -m crashbench.faults.proxy HOST PORT SLOTS`), not as a thread of
-crashbench: workers are forked from crashbench, and a fork must not copy a running event loop. It
-prints `READY <port> <port> ...` (one listening port per slot, on 127.0.0.1) and then reads one JSON
-command per line on stdin, answering `ok` (or `error: ...`) on stdout:
+It runs as its own process (`python -m crashbench.faults.proxy HOST:PORT ...`, one slot per target;
+crashbench.faults.proxyctl starts it), not as a thread of crashbench: workers are forked from
+crashbench, and a fork must not copy a running event loop. It prints `READY <port> <port> ...` (one
+listening port per slot, on 127.0.0.1) and then reads one JSON command per line on stdin, answering
+`ok` (or `error: ...`) on stdout:
 
     {"slots": [0, 2], "toxics": [{"name": "latency", "direction": "both", "latency": 200, "jitter": 50}]}
 
@@ -21,7 +22,10 @@ Toxics, with Toxiproxy's names and attributes (times in ms), each `upstream` (wo
     timeout      timeout                 nothing goes through (a half-open connection: both sockets
                                          stay open); closed after `timeout` ms, never if 0
     reset_peer   timeout                 connections are reset (RST: SO_LINGER 0) after `timeout` ms
-    down         (none)                  new connections are refused and open ones reset
+    down         peers (optional)        new connections are refused and open ones reset; with
+                                         `peers` (source addresses), only those from them, reset
+                                         as soon as accepted: a cut between hosts, one side each
+                                         bound to an address of its own (a Redis Cluster's nodes)
 """
 
 from __future__ import annotations
@@ -30,19 +34,13 @@ import asyncio
 import contextlib
 import json
 import random
-import select
 import socket
 import struct
-import subprocess
 import sys
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
-from crashbench.errors import RunAborted, UsageError
 
 TOXICS = ("latency", "bandwidth", "slicer", "limit_data", "timeout", "reset_peer", "down")
 DIRECTIONS = ("upstream", "downstream", "both")
@@ -58,11 +56,13 @@ RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST, not a 
 
 @dataclass
 class Slot:
+    target: tuple[str, int]
     port: int = 0
     toxics: list[dict[str, Any]] = field(default_factory=list)
     conns: set[Conn] = field(default_factory=set)
     listener: socket.socket | None = None
     slow: frozenset[str] = frozenset()  # directions with a toxic on: their chunks go through the queue
+    addresses: list[tuple[Any, ...]] = field(default_factory=list)  # the target's, resolved at the first connection
 
     def active(self, name: str, direction: str) -> dict[str, Any] | None:
         for t in self.toxics:
@@ -70,10 +70,18 @@ class Slot:
                 return t
         return None
 
-    def reset_after(self) -> float | None:
-        """Seconds after which a connection is reset under the toxics on now, or None: at once when
-        down, reset_peer's timeout, a timeout toxic's own when it has one (0 holds it open)."""
-        if self.active("down", "both") is not None:
+    def refuses(self, peer: str) -> bool:
+        """A down toxic covers connections from `peer`: with no `peers`, every one."""
+        t = self.active("down", "both")
+        return t is not None and ("peers" not in t or peer in t["peers"])
+
+    def down_all(self) -> bool:
+        return (t := self.active("down", "both")) is not None and "peers" not in t
+
+    def reset_after(self, peer: str) -> float | None:
+        """Seconds after which a connection from `peer` is reset under the toxics on now, or None: at
+        once when down, reset_peer's timeout, a timeout toxic's own when it has one (0 holds it open)."""
+        if self.refuses(peer):
             return 0.0
         if (t := self.active("reset_peer", "both")) is not None:
             return t.get("timeout", 0) / 1000
@@ -98,8 +106,8 @@ class Conn:
     meanwhile: a slow reader holds the sender back, as TCP would. The server socket is None until
     it is connected; the client's is not read until then."""
 
-    def __init__(self, slot: Slot, client: socket.socket) -> None:
-        self.slot, self.client, self.loop = slot, client, asyncio.get_running_loop()
+    def __init__(self, slot: Slot, client: socket.socket, peer: str) -> None:
+        self.slot, self.client, self.peer, self.loop = slot, client, peer, asyncio.get_running_loop()
         self.src: dict[str, socket.socket | None] = {"upstream": client, "downstream": None}
         self.dst: dict[str, socket.socket | None] = {"upstream": None, "downstream": client}
         self.unsent = {"upstream": bytearray(), "downstream": bytearray()}
@@ -239,10 +247,8 @@ def _shut(loop: asyncio.AbstractEventLoop, sock: socket.socket, rst: bool = Fals
 
 
 class Proxy:
-    def __init__(self, host: str, port: int, slots: int) -> None:
-        self.host, self.port = host, port
-        self.slots = [Slot() for _ in range(slots)]
-        self.addresses: list[tuple[Any, ...]] = []  # the server's, resolved at the first connection
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        self.slots = [Slot(target) for target in targets]
 
     def listen(self, slot: Slot) -> None:
         sock = socket.create_server(("127.0.0.1", slot.port), backlog=100)  # SO_REUSEADDR: the same port after down
@@ -257,26 +263,29 @@ class Proxy:
     def accept(self, slot: Slot, listener: socket.socket) -> None:
         for _ in range(100):
             try:
-                client, _ = listener.accept()
+                client, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # out of descriptors, say: retry in a while, not in a busy loop (as asyncio)
                 asyncio.get_running_loop().remove_reader(listener.fileno())
                 asyncio.get_running_loop().call_later(1.0, self.rearm, slot, listener)
                 return
-            conn = Conn(slot, _tuned(client))
+            conn = Conn(slot, _tuned(client), peer[0])
+            if slot.refuses(conn.peer):
+                conn.reset()
+                continue
             slot.conns.add(conn)
             conn.spawn(self.connect(conn))
 
     async def connect(self, conn: Conn) -> None:
-        loop = asyncio.get_running_loop()
+        loop, slot = asyncio.get_running_loop(), conn.slot
         try:
-            if not self.addresses:
-                self.addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            if not slot.addresses:
+                slot.addresses = await loop.getaddrinfo(*slot.target, type=socket.SOCK_STREAM)
         except OSError:
             conn.reset()
             return
-        for family, kind, proto, _, address in self.addresses:
+        for family, kind, proto, _, address in slot.addresses:
             server = _tuned(socket.socket(family, kind, proto))
             try:
                 await loop.sock_connect(server, address)
@@ -287,7 +296,7 @@ class Proxy:
                 server.close()
                 return
             conn.start(server)
-            if (after := conn.slot.reset_after()) is not None:
+            if (after := slot.reset_after(conn.peer)) is not None:
                 loop.call_later(after, conn.reset)
             return
         conn.reset()
@@ -296,18 +305,20 @@ class Proxy:
         for t in toxics:
             if t.get("name") not in TOXICS or t.get("direction", "both") not in DIRECTIONS:
                 raise ValueError(f"unknown toxic {t.get('name')!r} or direction {t.get('direction')!r}")
+            if "peers" in t and not (isinstance(t["peers"], list) and all(isinstance(a, str) for a in t["peers"])):
+                raise ValueError(f"peers must be a list of addresses, not {t['peers']!r}")
         for i in slots:
             slot = self.slots[i]
-            was_down = slot.active("down", "both") is not None
+            was_down = slot.down_all()
             slot.toxics = list(toxics)
             on = {t.get("direction", "both") for t in toxics}
             slot.slow = frozenset(d for d in ("upstream", "downstream") if on & {d, "both"})
-            down = slot.active("down", "both") is not None
+            down = slot.down_all()
             if down and not was_down and slot.listener is not None:
                 _shut(asyncio.get_running_loop(), slot.listener)  # connections not yet accepted get an RST
                 slot.listener = None
-            if (after := slot.reset_after()) is not None:
-                for conn in list(slot.conns):
+            for conn in list(slot.conns):
+                if (after := slot.reset_after(conn.peer)) is not None:
                     asyncio.get_running_loop().call_later(after, conn.reset)
             if was_down and not down:
                 self.listen(slot)  # the same port again
@@ -328,70 +339,12 @@ class Proxy:
                 print(f"error: {exc}", flush=True)
 
 
-class ProxyProcess:
-    """crashbench's side: the proxy process for one run, its ports, and the toxics it is told."""
-
-    STARTUP_TIMEOUT = 10.0
-
-    def __init__(self, host: str, port: int, slots: int, log: Path) -> None:
-        with log.open("ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "crashbench.faults.proxy", host, str(port), str(slots)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
-            )  # fmt: skip
-        assert self.proc.stdout is not None and self.proc.stdin is not None
-        line = self._line(self.STARTUP_TIMEOUT)
-        if not line.startswith("READY "):
-            self.close()
-            raise RunAborted(f"the network fault proxy did not start: {line or 'no answer'} (its log: {log})")
-        self.ports = [int(p) for p in line.split()[1:]]
-
-    def _line(self, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        return self.proc.stdout.readline().strip() if ready else ""
-
-    def set(self, slots: list[int], toxics: list[dict[str, Any]]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"slots": slots, "toxics": toxics}) + "\n")
-        self.proc.stdin.flush()
-        answer = self._line(5.0)
-        if answer != "ok":
-            raise RunAborted(f"the network fault proxy refused {toxics} on slots {slots}: {answer or 'no answer'}")
-
-    def url(self, url: str, slot: int) -> str:
-        """`url` with its host and port replaced by the slot's listening port (the password kept)."""
-        parts = urlsplit(url)
-        netloc = parts.netloc.rpartition("@")
-        host = f"127.0.0.1:{self.ports[slot]}"
-        return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if netloc[1] else host))
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()  # the proxy exits when its stdin closes
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-def proxy_for(redis_url: str, slots: int, log: Path) -> ProxyProcess:
-    """The proxy for a run's workers, in front of the server at `redis_url`."""
-    parts = urlsplit(redis_url)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise UsageError(f"network faults need a TCP server URL (redis://host:port), not a {parts.scheme} one")
-    return ProxyProcess(parts.hostname, parts.port or 6379, slots, log)
-
-
 def main(argv: list[str]) -> int:
     from crashbench.run.reaper import die_with_parent
 
     die_with_parent()
-    host, port, slots = argv[0], int(argv[1]), int(argv[2])
-    asyncio.run(Proxy(host, port, slots).serve())
+    targets = [(host, int(port)) for host, _, port in (a.rpartition(":") for a in argv)]
+    asyncio.run(Proxy(targets).serve())
     return 0
 
 

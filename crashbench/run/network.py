@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from crashbench.errors import UsageError
 from crashbench.faults import PARTITION_TOXICS, Fault
-from crashbench.faults.proxy import ProxyProcess, proxy_for
+from crashbench.faults.proxyctl import ProxyProcess, proxy_for
 
 if TYPE_CHECKING:
     from crashbench.faults.broker import Broker
