@@ -93,7 +93,7 @@ network: $(STAMP)  ## the README's network table (network scenarios, built-in de
 
 # The README's cluster failover table: each cluster-fault scenario 3 times (seeds 1-3) on a private
 # 3-primary cluster with a replica each (about 4 minutes); the table from results/readme/cluster-faults.
-CLUSTER_SCENARIOS := cluster-kill cluster-kill-wait cluster-failover cluster-failover-force
+CLUSTER_SCENARIOS := cluster-kill cluster-kill-wait cluster-failover cluster-failover-force cluster-partition cluster-partition-wait
 cluster-faults: $(STAMP)  ## the README's cluster failover table (cluster-fault scenarios, 3 runs each)
 	rm -rf results/readme/cluster-faults
 	set -e; for s in $(CLUSTER_SCENARIOS); do \

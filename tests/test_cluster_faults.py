@@ -159,3 +159,28 @@ def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_fail
     assert Scenario(name="x", fault="kill", replica_lag=0.2).problems() == [
         "broker.replica_lag is for a failover (a replica that falls behind its primary)"
     ]
+
+
+def test_a_primary_cut_off_takes_writes_until_it_sees_it_lost_the_majority_and_throws_them_away(
+    produced: Scenario, tmp_path: Path
+) -> None:
+    """Its bus cut both ways by the proxy (its clients still reach it): the others promote its replica,
+    and what it acknowledged meanwhile goes with its demotion when the cut heals; the jobs it ran
+    meanwhile, acknowledged on it alone, run again on the promoted replica."""
+    sc = produced.with_overrides(fault="cluster-partition", drain_timeout=3)
+    result = run_designs(sc, ["reliable"], Options(cluster=(3, 1)))
+    assert_recounts(result, tmp_path)
+    run = result.runs[0]
+    c, bf = run.counts, run.broker_fault
+    assert run.problems == [] and bf is not None and bf.kind == "cluster-partition"
+    # Promoted by the majority's failure detection and vote, not at once; then the cut healed and the
+    # old primary follows the promoted replica.
+    assert bf.back_at is not None and bf.back_at - bf.at > 1.0
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.promoted_offset is not None and bf.primary_offset is not None
+    assert bf.promoted_offset <= bf.primary_offset  # caught up at the cut, nothing after it
+    # Lost: exactly what the cut-off primary held as the cut healed and the promoted replica did not,
+    # never run: the producer's enqueues it acknowledged while cut off.
+    assert c.lost == c.not_replicated == c.acked_during_lag > 0
+    assert c.duplicated > 0 and c.stranded == 0 and c.unexpected == 0
+    assert c.done + c.lost + c.unconfirmed == c.enqueued == 300

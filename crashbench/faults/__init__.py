@@ -19,7 +19,7 @@ A scenario describes its faults two ways, and a run may have both:
       [[faults]]
       kind = "broker-kill"        # or "failover"; the server's persistence etc. stay in [broker]
       at = 1.0
-      downtime = 0.5              # broker-kill and cluster-kill only
+      downtime = 0.5              # broker-kill, cluster-kill and cluster-partition (the cut, after the promotion)
 
       [[faults]]
       kind = "cluster-kill"       # or "cluster-failover", "cluster-failover-force", "cluster-takeover":
@@ -64,7 +64,9 @@ PARTITION_TOXICS = ("drop", "reject", "loss")
 NETWORK_KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", "target", *TOXIC_ATTRIBUTES)
 NETWORK_TARGETS = ("workers", "producer", "replica")
 BROKER_KEYS = ("kind", "at", "downtime")
-CLUSTER_KINDS = ("cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover")
+CLUSTER_KINDS = (
+    "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover", "cluster-partition",
+)  # fmt: skip
 # [[faults]] kind -> [broker] fault (a cluster fault's kind is its own name)
 BROKER_KINDS = {"broker-kill": "kill", "failover": "failover", **{k: k for k in CLUSTER_KINDS}}
 
@@ -94,7 +96,7 @@ def plan(scenario: Scenario) -> list[Fault]:
             )  # fmt: skip
     if sc.fault != "none":
         kind = {"kill": "broker-kill"}.get(sc.fault, sc.fault)
-        downtime = sc.downtime if kind in ("broker-kill", "cluster-kill") else 0.0
+        downtime = sc.downtime if kind in ("broker-kill", "cluster-kill", "cluster-partition") else 0.0
         out.append(Fault(len(out), sc.fault_at, -1, kind, duration=downtime))
     return [dataclasses.replace(f, index=i) for i, f in enumerate(sorted(out, key=lambda f: f.at))]
 

@@ -11,12 +11,20 @@ key of a run is in the slot of its hash tag, so one primary and its replica are 
     cluster-failover-force / cluster-takeover
                         CLUSTER FAILOVER FORCE (without the primary's agreement or its offset) and
                         TAKEOVER (without the other primaries' votes either).
+    cluster-partition   that primary cut off from every other node (its bus links through the network
+                        fault proxy, crashbench.run.cluster; its replica stops applying its stream),
+                        while its clients stay connected: it goes on acknowledging their writes until
+                        it sees that it lost the majority (cluster-node-timeout), as the others promote
+                        its replica; `downtime` s after the promotion the cut heals, and the old primary
+                        turns into a replica of the promoted one, throwing away what it alone took.
 
 Clients follow the new topology by themselves (redis-py's RedisCluster: a refused connection or MOVED
 reloads the slot map); the address file names the replica, the node that survives, from the start.
 
 The evidence is the harness's own reading of both sides: the primary's, with writes paused, as the
-fault strikes (as on one server); and the promoted replica's, taken the moment it is promoted and
+fault strikes (as on one server), or, when it was cut off, as the cut heals (its last state, which it
+is about to throw away; read with cluster-allow-reads-when-down, since a primary in the minority
+refuses reads too); and the promoted replica's, taken the moment it is promoted and
 before any client writes to it: its client writes wait (CLIENT PAUSE WRITE) from the strike until a
 watcher thread has read it. A paused replica also stops applying its primary's stream, which is how
 `replica_lag` cuts it off before the fault (the primary keeps acknowledging, the replica never applies
@@ -38,12 +46,13 @@ import redis
 from crashbench.designs import Located
 from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
+from crashbench.faults import CLUSTER_KINDS
 from crashbench.faults.broker import Producer, ReplicaCut
 from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
 
-KINDS = ("cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover")
+KINDS = CLUSTER_KINDS
 FAILOVER_ARGS = {"cluster-failover": (), "cluster-failover-force": ("FORCE",), "cluster-takeover": ("TAKEOVER",)}
 # Failure detection in a fault run: 1 s rather than the embedded cluster's 2 s, since the recovery time
 # of a kill is mostly this (a loaded machine's node that is only slow would rarely stay silent 1 s).
@@ -64,6 +73,7 @@ class ClusterBroker:
         for node in cluster.nodes:
             _call(node, "CONFIG", "SET", "cluster-node-timeout", FAULT_NODE_TIMEOUT_MS)
         self.paused = False  # the replica's client writes (and its replication) wait
+        self.partitioned = False  # the primary is cut off from the other nodes
 
     @property
     def url(self) -> str:
@@ -94,7 +104,14 @@ class ClusterBroker:
         return self.offset(self.primary)
 
     def strike(self, kind: str) -> None:
-        if kind == "cluster-kill":
+        if kind == "cluster-partition":
+            # Its replica catches up with the paused primary first: what it misses is exactly what the
+            # primary acknowledges from the cut on. Then the primary's clients go on.
+            self.cut_replica()
+            self.cluster.cut(self.primary)
+            self.partitioned = True
+            _call(self.primary, "CLIENT", "UNPAUSE")
+        elif kind == "cluster-kill":
             self.primary.kill()
             self.pause_replica()
         else:
@@ -111,13 +128,29 @@ class ClusterBroker:
         the harness's reading at the fault never saw, and lose them with its demotion."""
         _call(self.replica, "CLIENT", "UNPAUSE")
         self.paused = False
-        if self.primary.proc is None or self.primary.proc.poll() is not None:
-            return
+        if self.partitioned or self.primary.proc is None or self.primary.proc.poll() is not None:
+            return  # a cut-off primary goes on serving its clients until the cut heals (mend)
         deadline = time.monotonic() + 5
         with contextlib.suppress(redis.RedisError):
             while _info(self.primary)["role"] != "slave" and time.monotonic() < deadline:
                 time.sleep(0.002)
             _call(self.primary, "CLIENT", "UNPAUSE")
+
+    def last_word(self, read: Callable[[redis.Redis], Located]) -> set[str]:
+        """The cut-off primary's writes paused (until it follows the promoted replica: `unpause`) and
+        what it holds, read as it stands."""
+        _call(self.primary, "CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        _call(self.primary, "CONFIG", "SET", "cluster-allow-reads-when-down", "yes")
+        reader = redis.Redis(host="127.0.0.1", port=self.primary.port, socket_timeout=10)
+        try:
+            return set(read(reader).held)
+        finally:
+            reader.close()
+            _call(self.primary, "CONFIG", "SET", "cluster-allow-reads-when-down", "no")
+
+    def mend(self) -> None:
+        self.cluster.mend()
+        self.partitioned = False
 
     def restart_old(self) -> None:
         """The killed primary, again on its port and cluster configuration: it rejoins as a replica."""
@@ -132,6 +165,8 @@ class ClusterBroker:
     def heal(self) -> None:
         """After the run, whatever happened: every node up and unpaused, the old primary a replica in
         sync, so that the session's next run finds a whole shard."""
+        if self.partitioned:
+            self.mend()
         if self.primary.proc is None or self.primary.proc.poll() is not None:
             self.restart_old()
         for node in (self.replica, self.primary):
@@ -255,13 +290,14 @@ class ClusterFaults:
         self.watcher: Watcher | None = None
         self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark)
         self._restart_at: float | None = None
+        self._heal_at: float | None = None  # a partition: when the cut heals
         self._rejoining = False
 
     @property
     def done(self) -> bool:
         return (
             self.producer.done and self.record is not None and self.record.back_at is not None
-            and self._restart_at is None and not self._rejoining
+            and self._restart_at is None and self._heal_at is None and not self._rejoining
         )  # fmt: skip
 
     def step(self, now: float) -> None:
@@ -278,15 +314,20 @@ class ClusterFaults:
             graceful = kind == "cluster-failover"
             self.watcher = Watcher(self.broker, None if graceful else self.locate, self.clock)
             self.broker.strike(kind)
+            if kind == "cluster-partition":  # what it acknowledges from now on, the promoted replica never gets
+                self.producer.lagging = True
             self.watcher.start()
-            self.mark(now, "down" if kind == "cluster-kill" else "failover")
+            self.mark(now, {"cluster-kill": "down", "cluster-partition": "partition"}.get(kind, "failover"))
         if self.watcher is not None and not self.watcher.is_alive():
             self._promoted(self.watcher)
         if self._restart_at is not None and now >= self._restart_at:
             self.broker.restart_old()
             self._restart_at, self._rejoining = None, True
+        if self._heal_at is not None and now >= self._heal_at:
+            self._heal()
         if self._rejoining and self.broker.rejoined():
             self._rejoining = False
+            self.broker.unpause()  # a cut-off primary's clients, now told MOVED
             assert self.record is not None
             self.record.rejoined_at = rel(self.clock(), self.t0)
             self.mark(self.clock(), "rejoined")
@@ -303,7 +344,22 @@ class ClusterFaults:
             self.record.promoted_held = len(watcher.held)
         self.mark(watcher.at, "up")
         self.reconnect()  # the runner's client and inspector, on the promoted replica
+        if self.fault.kind == "cluster-partition":
+            self.producer.lagging = False  # its enqueues go to the promoted replica from now on
         if self.fault.kind == "cluster-kill":
             self._restart_at = watcher.at + self.fault.duration
+        elif self.fault.kind == "cluster-partition":
+            self._heal_at = watcher.at + self.fault.duration
         else:
             self._rejoining = True  # the old primary, now its replica
+
+    def _heal(self) -> None:
+        """The old primary's last word read (what it took while cut off is in it, and about to be thrown
+        away: the reading that not_replicated compares with the promoted replica's), then the cut healed."""
+        assert self.record is not None
+        self._heal_at = None
+        self.held_at_fault = held = self.broker.last_word(self.locate)
+        self.record.held_at_fault, self.record.held_ids = len(held), sorted(held)[:JOB_SAMPLE]
+        self.broker.mend()
+        self.mark(self.clock(), "healed")
+        self._rejoining = True

@@ -19,7 +19,8 @@ class Fault:
     at: float  # its start, seconds after the workers start
     slot: int  # the worker slot it hits; -1: the server, or every slot in `slots` (a network fault)
     kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network",
-    # or a cluster fault: "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover"
+    # or a cluster fault: "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover",
+    # "cluster-partition"
     signal: str = "SIGKILL"  # a signal fault's signal
     kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
     target: str = "tree"  # a process-tree worker's: tree, parent, child; a network fault's: workers, producer, replica

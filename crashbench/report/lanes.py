@@ -20,6 +20,11 @@ AGGREGATE_ABOVE = 20_000
 MAX_SUBROWS = 6  # a lane running several handlers at once (threads, a pool) splits into at most this many rows
 FAULT_KIND = {"SIGKILL": "kill", "SIGTERM": "term", "SIGSTOP": "pause"}
 KIND_TEXT = {"done": "", "again": " (ran again)", "failed": " (raised)", "interrupted": " (killed inside)"}
+# Marks drawn as a vertical line across the lanes, with their label.
+EVENTS = {
+    "drain": "faults end", "replica_cut": "replica cut", "failover": "failover", "partition": "primary cut off",
+    "healed": "cut healed",
+}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -283,9 +288,9 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
             )
         out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}{on}</text>')
     for m in tl.marks:
-        if m.what in ("replica_cut", "failover", "drain"):
+        if m.what in EVENTS:
             x = num(scale.x(m.t))
-            label = {"drain": "faults end", "replica_cut": "replica cut", "failover": "failover"}[m.what]
+            label = EVENTS[m.what]
             out.append(f'<g class="event {m.what}"><title>{label} at {m.t:.3f} s</title>'
                        f'<line x1="{x}" x2="{x}" y1="{num(y0 - 8)}" y2="{num(y1)}"/>'
                        f'<text x="{x}" y="{num(y0 - 10)}" text-anchor="middle">{label}</text></g>')  # fmt: skip

@@ -10,6 +10,14 @@ every node MEETs every other (all pairs: nobody has to wait for gossip to learn 
 each replica REPLICATEs its primary once it knows it; then every node must report cluster_state:ok
 with all slots and every primary in it, and every replica its link to its primary up.
 
+A partitionable cluster (the cluster-partition fault, crashbench.faults.cluster) has its bus links go
+through the network fault proxy: every node's bus port has a proxy slot in front of it, which the node
+announces (cluster-announce-bus-port; cluster-announce-ip 127.0.0.1, so that peers do not take its
+source address for its own), and every node connects from an address of its own, 127.0.0.<2 + i>
+(bind-source-addr), so that the proxy can tell whose link it forwards: `cut` resets every link between
+one node and the others, both ways (its bus, and its replication link when it is a replica or has one).
+Client connections stay direct: a cut-off primary keeps its clients, as in a real partition.
+
 How long that takes is mostly the server's own floor: a primary turns its state ok no sooner than
 2 s after it starts (CLUSTER_WRITABLE_DELAY in the server's source, not configurable), so a cluster
 is ready about 2.1 s after its nodes start; the handshakes take a few hundred ms within that.
@@ -18,6 +26,7 @@ is ready about 2.1 s after its nodes start; the handshakes take a few hundred ms
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +34,8 @@ from pathlib import Path
 import redis
 
 from crashbench.errors import ServerUnavailable
+from crashbench.faults.proxyctl import ProxyProcess
+from crashbench.run import workdirs
 from crashbench.run.connect import cluster_nodes
 from crashbench.run.server import EmbeddedServer, free_port
 
@@ -43,15 +54,48 @@ class ClusterNode(EmbeddedServer):
     def __init__(self, binary: Path) -> None:
         super().__init__(binary)
         self.bus_port = 0
+        # Behind the bus proxy: (the address it connects from, the bus port it announces, the proxy's).
+        self.proxied: tuple[str, int] | None = None
 
     def _args(self, log: Path) -> list[str]:
-        self.bus_port = free_port()
-        while self.bus_port == self.port:
+        if self.proxied is None:  # a restart behind the proxy keeps the bus port the proxy forwards to
             self.bus_port = free_port()
+            while self.bus_port == self.port:
+                self.bus_port = free_port()
         args = super()._args(log)
         args += ["--cluster-enabled", "yes", "--cluster-port", str(self.bus_port)]
         args += ["--cluster-config-file", str(self.dir / "nodes.conf"), "--cluster-node-timeout", str(NODE_TIMEOUT_MS)]
+        if self.proxied is not None:
+            args += [f"--{name}" for name in self._announce()]
         return args
+
+    def _announce(self) -> list[str]:
+        """The settings behind the bus proxy, as name, value, name, value..."""
+        assert self.proxied is not None
+        source, port = self.proxied
+        # protected-mode: a server without a password takes clients from 127.0.0.1 alone, and a replica
+        # connects from its own address. It still listens on 127.0.0.1 only (EmbeddedServer's --bind).
+        return [
+            "bind-source-addr", source, "cluster-announce-ip", "127.0.0.1", "cluster-announce-bus-port", str(port),
+            "protected-mode", "no",
+        ]  # fmt: skip
+
+    def put_behind(self, source: str, proxy_port: int) -> None:
+        """From now on it connects from `source` and announces the proxy's port as its bus port."""
+        self.proxied = (source, proxy_port)
+        client = self.client()
+        try:
+            client.execute_command("CONFIG", "SET", *self._announce())
+        finally:
+            client.close()
+
+    @property
+    def source(self) -> str:
+        return self.proxied[0] if self.proxied is not None else "127.0.0.1"
+
+    @property
+    def announced_bus_port(self) -> int:
+        return self.proxied[1] if self.proxied is not None else self.bus_port
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=5)
@@ -69,7 +113,7 @@ def slot_ranges(primaries: int) -> list[tuple[int, int]]:
 
 
 class EmbeddedCluster:
-    def __init__(self, binary: Path, primaries: int = 3, replicas: int = 0) -> None:
+    def __init__(self, binary: Path, primaries: int = 3, replicas: int = 0, partitionable: bool = False) -> None:
         if primaries < 1 or replicas < 0:
             raise ValueError(f"a cluster needs at least one primary and no negative replicas ({primaries}, {replicas})")
         self.binary = binary
@@ -77,6 +121,9 @@ class EmbeddedCluster:
         self.replicas = replicas  # per primary
         self.nodes = [ClusterNode(binary) for _ in range(primaries * (1 + replicas))]
         self.started_s = 0.0  # how long start() took
+        self.partitionable = partitionable
+        self.bus_proxy: ProxyProcess | None = None
+        self.cut_off: ClusterNode | None = None
 
     @property
     def url(self) -> str:
@@ -100,6 +147,8 @@ class EmbeddedCluster:
         try:
             for node in self.nodes:
                 node.start()
+            if self.partitionable:
+                self._proxy_the_bus()
             self._assemble(began + timeout, timeout)
         except BaseException:
             self.stop()
@@ -116,7 +165,7 @@ class EmbeddedCluster:
                 c.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)  # refused once a node knows another
             for i, c in enumerate(clients):
                 for other in self.nodes[i + 1 :]:
-                    c.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, other.bus_port)
+                    c.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, other.announced_bus_port)
             if self.replicas:
                 self._wait(deadline, timeout, "every node to know every other", lambda: self._all_known(clients, ids))
                 for replica, primary in self.replica_nodes():
@@ -169,6 +218,30 @@ class EmbeddedCluster:
             hint="a node's log is in its directory while it runs; check the machine's load, or use --redis-url",
         )
 
+    def _proxy_the_bus(self) -> None:
+        self._proxy_home = workdirs.make("busproxy")
+        targets = [("127.0.0.1", node.bus_port) for node in self.nodes]
+        self.bus_proxy = ProxyProcess(targets, self._proxy_home / "proxy.log")
+        for i, (node, port) in enumerate(zip(self.nodes, self.bus_proxy.ports, strict=True)):
+            node.put_behind(f"127.0.0.{2 + i}", port)
+
+    def cut(self, node: ClusterNode) -> None:
+        """Every link between `node` and the other nodes reset, and refused from now on, both ways."""
+        if self.bus_proxy is None:
+            raise RuntimeError("this cluster was not started partitionable: its bus is not proxied")
+        index = self.nodes.index(node)
+        others = [n.source for n in self.nodes if n is not node]
+        self.bus_proxy.set([index], [{"name": "down", "peers": others}])
+        rest = [i for i in range(len(self.nodes)) if i != index]
+        self.bus_proxy.set(rest, [{"name": "down", "peers": [node.source]}])
+        self.cut_off = node
+
+    def mend(self) -> None:
+        """The cut healed: the nodes reconnect by themselves (the bus every 100 ms or so)."""
+        if self.bus_proxy is not None and self.cut_off is not None:
+            self.bus_proxy.set(list(range(len(self.nodes))), [])
+            self.cut_off = None
+
     def stop(self) -> None:
         """Stop every node and remove its directory. SIGTERM goes to all first, so they shut down
         together rather than one after the other."""
@@ -178,3 +251,6 @@ class EmbeddedCluster:
                     node.proc.terminate()
         for node in self.nodes:
             node.stop()
+        if self.bus_proxy is not None:
+            self.bus_proxy.close()
+            shutil.rmtree(self._proxy_home, ignore_errors=True)

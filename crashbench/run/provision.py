@@ -22,16 +22,18 @@ def open_server(
     binary: str | None = None,
     persistence: str = "none",
     cluster: tuple[int, int] | None = None,
+    partitionable: bool = False,
 ) -> Iterator[ServerInfo]:
     """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped
-    on exit; with `cluster` (primaries, replicas per primary), a private cluster."""
+    on exit; with `cluster` (primaries, replicas per primary), a private cluster, its bus behind the
+    fault proxy if `partitionable`."""
     if cluster is not None:
         if redis_url:
             raise UsageError(
                 "--cluster starts a private cluster, --redis-url names a server: give one of them",
                 hint="leave out --redis-url (and unset CRASHBENCH_REDIS_URL and REDIS_URL), or --cluster",
             )
-        embedded = EmbeddedCluster(find_server_binary(binary), *cluster)
+        embedded = EmbeddedCluster(find_server_binary(binary), *cluster, partitionable=partitionable)
         try:
             embedded.start()
             info = describe(embedded.url, "embedded", str(embedded.binary))

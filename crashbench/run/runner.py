@@ -299,11 +299,11 @@ class CrashRun:
 
     def _tolerant(self, call: Callable[[], T], down: T) -> T:
         """`call()`, or `down` while a broker fault has the server down (without one, errors propagate)."""
-        if self.broker is None:
-            return call()
         try:
             return call()
         except DOWN:
+            if self.broker is None:
+                raise
             return down
 
     def _fire_faults(self, ids: JobIds) -> None:

@@ -137,9 +137,9 @@ def _check_cluster_faults(plan: Plan, cluster: tuple[int, int] | None) -> None:
             )
         if cluster[1] < 1:
             raise UsageError(f"a cluster fault ({scenario.fault}) promotes a replica: --cluster-replicas 0 has none")
-        if scenario.fault == "cluster-kill" and cluster[0] < 3:
+        if scenario.fault in ("cluster-kill", "cluster-partition") and cluster[0] < 3:
             raise UsageError(
-                f"cluster-kill on {cluster[0]} primaries: a cluster promotes a replica only when a majority of "
+                f"{scenario.fault} on {cluster[0]} primaries: a cluster promotes a replica only when a majority of "
                 "the other primaries sees its primary fail",
                 hint="give --cluster 3 or more",
             )
@@ -201,7 +201,10 @@ def _run_on_server(
     versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
-    with open_server(options.redis_url, options.server_binary, base.persistence, options.cluster) as server:
+    # A cut needs the cluster's bus behind the proxy from the start (crashbench.run.cluster).
+    partitionable = any(scenario.fault == "cluster-partition" for scenario, _, _ in plan)
+    server_args = (options.redis_url, options.server_binary, base.persistence, options.cluster, partitionable)
+    with open_server(*server_args) as server:
         if server.cluster:  # an external one is known for one only now
             _check_cluster(plan)
         if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv

@@ -37,10 +37,12 @@ from crashbench.run.workload import Workload
 
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
 # What a client sees while the server is down, restarting, loading its data or demoted; on a cluster,
-# also while a slot's primary is down and not yet replaced (CLUSTERDOWN, a slot map that says nothing).
+# also while a slot's primary is down and not yet replaced (CLUSTERDOWN, a slot map that says nothing),
+# and on a plain connection to a primary just demoted (MOVED: the harness's reader, until it reconnects).
 DOWN = (
     redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError,
     redis.exceptions.ClusterError, redis.exceptions.TryAgainError, redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.MovedError,
 )  # fmt: skip
 
 

@@ -31,7 +31,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster
 BROKER_FAULTS = ("none", "kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
-                 "cluster-takeover")  # fmt: skip
+                 "cluster-takeover", "cluster-partition")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 
 SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
