@@ -97,8 +97,9 @@ network: $(STAMP)  ## the README's network table (network scenarios, built-in de
 TRIM_BOUNDS := stream_maxlen=0,4000,2000,1000,250
 stream-trim: $(STAMP)  ## the README's stream-trimming tables (bounds vs backlog, pending entries trimmed, memory)
 	rm -rf results/readme/stream-trim
-	$(BIN)/crashbench sweep -d stream -p $(TRIM_BOUNDS) --kills 0 --plain --out results/readme/stream-trim/exact.json
-	$(BIN)/crashbench sweep -d stream -p $(TRIM_BOUNDS) --kills 0 --stream-trim approximate --plain \
+	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --plain \
+	  --out results/readme/stream-trim/exact.json
+	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --stream-trim approximate --plain \
 	  --out results/readme/stream-trim/approximate.json
 	$(BIN)/crashbench check -s scenarios/stream-trim.toml --repeat 3 --plain --out results/readme/stream-trim/produced.json
 	$(BIN)/python bench/stream_trim.py memory results/readme/stream-trim/memory.json

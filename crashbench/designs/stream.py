@@ -11,7 +11,8 @@ Keys (all under the run prefix P):
     P poisoned    set of job ids dead-lettered because their handler kept failing
     P requeued    set of job ids XAUTOCLAIM took over at least once
     P stats       hash: requeue_events, dead_lettered, trimmed (pending entries whose data XAUTOCLAIM
-                  found gone: it drops them from the PEL; their jobs are lost)
+                  found gone; Redis 7 drops them from the PEL whatever their idle time, a live
+                  consumer's too, whose XACK then finds nothing: not a count of lost jobs)
 Consumer group "workers" on P stream; each worker is a consumer named after itself.
 
 Recovery lives in the consumers, as in production: before reading new entries, a consumer runs
