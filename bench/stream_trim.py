@@ -124,7 +124,7 @@ def produced_table(directory: Path) -> list[str]:
 def memory_table(directory: Path) -> list[str]:
     data = json.loads((directory / "memory.json").read_text())
     lines = [
-        "| design | stream_maxlen | jobs done | largest backlog (500 jobs) | after every ack | entries kept |",
+        "| design | stream_maxlen | jobs done | peak, while running | after every ack | entries kept |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in data["rows"]:
@@ -132,8 +132,8 @@ def memory_table(directory: Path) -> list[str]:
         if r["approximate"]:
             bound = f"~ {bound}"
         lines.append(
-            f"| {r['design']} | {bound} | {r['done']:,} | {r['bytes_backlog'] / 1024:,.0f} KB "
-            f"| {r['bytes_after_ack'] / 1024:,.0f} KB | {r['entries_after_ack']:,} |"
+            f"| {r['design']} | {bound} | {r['done']:,} | {r['bytes_backlog'] / 1024:,.1f} KB "
+            f"| {r['bytes_after_ack'] / 1024:,.1f} KB | {r['entries_after_ack']:,} |"
         )
     return lines
 
