@@ -18,6 +18,7 @@ from crashbench.designs.stream import GROUP, StreamQueue
 from crashbench.evidence import trim
 from crashbench.evidence.executions import Execution
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Timeline
+from crashbench.faults.records import BrokerFaultRecord
 from crashbench.jobids import JobIds
 from crashbench.run.session import Options, run_designs
 from crashbench.run.workload import job_ids
@@ -125,6 +126,9 @@ def test_what_the_trim_classes_take_as_evidence() -> None:
     assert trim.trimmed(tl, {"000000"}) == trim.Trimmed({"000000"}, set())  # only lost jobs are classified
     tl.located.streams["stream"] = StreamEnd("1-1", "5-0", 3)  # 1-1 still there: only 1-0 was trimmed
     assert trim.trimmed(tl, lost) == trim.Trimmed({"000000"}, set())
+    tl.broker_fault = BrokerFaultRecord("kill", "none", 0.5, 0, [], 0)
+    assert trim.trimmed(tl, lost) is None  # the server may have lost the entries itself: no proof of a trim
+    tl.broker_fault = None
     tl.enqueues = [dataclasses.replace(e, entries=None) for e in tl.enqueues]
     assert trim.trimmed(tl, lost) is None  # no receipts (a timeline from before them): no classes at all
 

@@ -36,8 +36,10 @@ class Trimmed:
 
 def trimmed(tl: Timeline, lost: AbstractSet[str]) -> Trimmed | None:
     """The lost jobs whose entries the stream trimmed, split as above; None when no enqueue returned
-    receipts (a design that returns none, or a timeline saved before receipts were kept)."""
-    if all(e.entries is None for e in tl.enqueues):
+    receipts (a design that returns none, or a timeline saved before receipts were kept), or when a
+    broker fault may have lost entries itself (a restart without persistence, a failover): an entry
+    missing below the first is then not proof of a trim."""
+    if tl.broker_fault is not None or all(e.entries is None for e in tl.enqueues):
         return None
     out = Trimmed()
     # One stream: receipts do not name their key, and a design with several streams would need them to.
