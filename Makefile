@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot clean
+.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -90,6 +90,20 @@ network: $(STAMP)  ## the README's network table (network scenarios, built-in de
 	$(BIN)/crashbench compare -s scenarios/net-replica-partition.toml --designs reliable,stream --plain \
 	  --out results/readme/network
 	$(BIN)/python bench/network_table.py results/readme/network
+
+# The README's stream-trimming tables (about 2 minutes): stream_maxlen swept against a 2,000-job backlog
+# enqueued before the workers start, exact and approximate; scenarios/stream-trim.toml (produced during
+# the run, two mid-job kills) for seeds 1-3; the memory each design keeps after every ack.
+TRIM_BOUNDS := stream_maxlen=0,4000,2000,1000,250
+stream-trim: $(STAMP)  ## the README's stream-trimming tables (bounds vs backlog, pending entries trimmed, memory)
+	rm -rf results/readme/stream-trim
+	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --plain \
+	  --out results/readme/stream-trim/exact.json
+	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --stream-trim approximate --plain \
+	  --out results/readme/stream-trim/approximate.json
+	$(BIN)/crashbench check -s scenarios/stream-trim.toml --repeat 3 --plain --out results/readme/stream-trim/produced.json
+	$(BIN)/python bench/stream_trim.py memory results/readme/stream-trim/memory.json
+	$(BIN)/python bench/stream_trim.py table results/readme/stream-trim
 
 # The README's cluster failover table: each cluster-fault scenario 3 times (seeds 1-3) on a private
 # 3-primary cluster with a replica each (about 4 minutes); the table from results/readme/cluster-faults.

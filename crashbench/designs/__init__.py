@@ -31,9 +31,12 @@ from crashbench.designs.kinds import DesignSettings as DesignSettings
 from crashbench.designs.kinds import EnqueueUnconfirmed as EnqueueUnconfirmed
 from crashbench.designs.kinds import Job as Job
 from crashbench.designs.kinds import QueueState as QueueState
+from crashbench.designs.kinds import Receipts as Receipts
 from crashbench.designs.kinds import observe_for as observe_for
+from crashbench.designs.kinds import receipts as receipts
 from crashbench.designs.located import Entry as Entry  # re-exported: designs import it from here
 from crashbench.designs.located import Located as Located
+from crashbench.designs.located import StreamEnd as StreamEnd
 from crashbench.designs.located import key_entries, matches
 from crashbench.errors import UsageError
 from crashbench.evidence.inspector import Snapshot
@@ -114,8 +117,10 @@ class Design(ABC):
         """Called once in each worker process before its first fetch (register, first heartbeat)."""
 
     @abstractmethod
-    def enqueue(self, jobs: Sequence[Job]) -> None:
-        """Make every job in `jobs` available to workers."""
+    def enqueue(self, jobs: Sequence[Job]) -> Sequence[str] | None:
+        """Make every job in `jobs` available to workers. May return one receipt per job, in order: a
+        stream design returns the entry ids XADD answered, which the timeline keeps so that the harness
+        can tell, from its own reading at the end, which jobs' entries the stream trimmed."""
 
     @abstractmethod
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
@@ -196,6 +201,8 @@ class Design(ABC):
             if matches(rel, self.BOOKKEEPING):
                 continue
             kind = "dead" if matches(rel, self.DEAD_LETTERS) else "delayed" if matches(rel, self.DELAYED) else "held"
+            if key.type == "stream":
+                found.streams[rel] = StreamEnd.of(key)
             for where, entry in key_entries(key, rel):
                 job = self.job_of(rel, entry)
                 if job is not None:

@@ -4,8 +4,11 @@ crashbench.designs, where designs import them from)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from crashbench.errors import RunAborted
 
 OBSERVE_DEFAULT = 30.0  # seconds; the built-in designs recover within stale_after + recover_every
 OBSERVE_CAP = 300.0  # a library documenting an hour is still given at most this much unless asked
@@ -20,6 +23,23 @@ def observe_for(documented_s: float) -> float:
 class EnqueueUnconfirmed(Exception):
     """The server took the enqueue but could not confirm it durable as asked (WAIT timed out): the
     producer must count it indeterminate, not acknowledged."""
+
+
+# What a design's enqueue may return: one receipt per job, in order (a stream's entry ids, XADD's
+# replies), or None. The timeline keeps them, so that the harness's reading at the end can tell an
+# entry the server no longer holds (crashbench.evidence.trim).
+Receipts = tuple[str, ...] | None
+
+
+def receipts(value: object, ids: Sequence[str], design: str) -> Receipts:
+    """A design's enqueue return value as Receipts; anything but None or one string per job is its bug."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple) and len(value) == len(ids) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise RunAborted(
+        f"{design}: enqueue must return None or one receipt string per job ({len(ids)}), not {value!r:.80}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +65,9 @@ class DesignSettings:
     heartbeat_every: float = 0.0  # heartbeat inside long handlers every this many seconds; 0 = between jobs only
     batch_size: int = 10  # jobs a batching design moves per round trip (fetch_batch); others ignore it
     shards: int = 0  # queues a sharding design spreads its jobs over; 0 = its own default; others ignore it
+    # The stream designs' XADD MAXLEN (0: never trim) and whether it is MAXLEN ~ (approximate); others ignore it.
+    stream_maxlen: int = 0
+    stream_approximate: bool = False
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
     longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)

@@ -7,9 +7,32 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from crashbench.evidence.inspector import StoredKey
+from crashbench.evidence.inspector import StoredKey, entry_id
 
 Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
+
+
+@dataclass(slots=True)
+class StreamEnd:
+    """What the harness read of a stream besides its jobs: its first entry's id (None: empty), the last
+    id it generated, its length, and the pending entries whose data is gone (trimmed while pending)."""
+
+    first: str | None
+    last_generated: str
+    length: int
+    gone: list[str] = field(default_factory=list)
+
+    def removed(self, eid: str) -> bool:
+        """Whether entry `eid`, which the stream generated, is no longer in it by position: below its first
+        entry, or any entry of an empty stream. Entries leave the head only by trimming (or XDEL)."""
+        if entry_id(eid) > entry_id(self.last_generated):
+            return False  # never generated here: not a receipt of this stream
+        return self.first is None or entry_id(eid) < entry_id(self.first)
+
+    @classmethod
+    def of(cls, key: StoredKey) -> StreamEnd:
+        gone = sorted({eid for where, eid, fields in key.stream_places() if where and fields is None}, key=entry_id)
+        return cls(key.first, key.last_generated, key.length, gone)
 
 
 @dataclass(slots=True)
@@ -21,6 +44,7 @@ class Located:
     delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
     failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
     succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
+    streams: dict[str, StreamEnd] = field(default_factory=dict)  # stream key (without the prefix) -> its end
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
         """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""

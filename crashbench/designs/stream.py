@@ -3,19 +3,27 @@
 Keys (all under the run prefix P):
     P stream      the stream; each entry has fields id (job id), payload, attempts (failed attempts
                   before this entry). Entries are kept after XACK (a stream keeps history until
-                  trimmed; crashbench never trims)
+                  trimmed). With stream_maxlen N, every XADD (enqueue and retry) trims it to N entries
+                  (MAXLEN N, or MAXLEN ~ N: whole nodes only), by position: unread and pending entries
+                  go as well as acknowledged ones. 0: never trimmed
     P delayed     sorted set: JSON job -> harness-clock time its retry is due (a new entry then)
     P dead        list of dead-lettered job ids
     P poisoned    set of job ids dead-lettered because their handler kept failing
     P requeued    set of job ids XAUTOCLAIM took over at least once
-    P stats       hash: requeue_events, dead_lettered
+    P stats       hash: requeue_events, dead_lettered, trimmed (pending entries whose data XAUTOCLAIM
+                  found gone; Redis 7 drops them from the PEL whatever their idle time, a live
+                  consumer's too, whose XACK then finds nothing: not a count of lost jobs)
 Consumer group "workers" on P stream; each worker is a consumer named after itself.
 
 Recovery lives in the consumers, as in production: before reading new entries, a consumer runs
 XAUTOCLAIM (at most every recover_every seconds, and again at once while it finds something) for
-entries idle longer than stale_after. The claim script reads each claimed entry's delivery count;
-a job whose attempts (failures + deliveries) would exceed max_attempts is dead-lettered (XACK +
-push to P dead). A failed job is XACKed and re-added, after its backoff, as a new entry.
+entries idle longer than stale_after. An entry trimmed while pending has no data left to run: Redis
+7 drops it from the PEL and names it in XAUTOCLAIM's third reply element, Redis 6.2 returns it with
+nil fields and keeps it, so the script acknowledges it; either way it is counted in P stats trimmed,
+never handed out, never retried (nothing says which job it was). The claim script reads each
+claimed entry's delivery count; a job whose attempts (failures + deliveries) would exceed
+max_attempts is dead-lettered (XACK + push to P dead). A failed job is XACKed and re-added, after
+its backoff, as a new entry.
 """
 
 from __future__ import annotations
@@ -32,28 +40,36 @@ GROUP = "workers"
 
 # KEYS: stream, dead, requeued, stats
 # ARGV: group, consumer, min_idle_ms, count, max_attempts
-# Returns {entry id, fields, attempt} for each entry claimed and not dead-lettered.
+# Returns {entry id, fields, attempt} for each entry claimed and not dead-lettered. Deleted (trimmed)
+# entries are counted, never returned: res[3] on Redis >= 7 (already out of the PEL), nil fields on 6.2.
 CLAIM = """
 local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
+local trimmed = res[3] and #res[3] or 0
 for _, entry in ipairs(res[2]) do
   local eid, fields = entry[1], entry[2]
   local job, failed = '', 0
-  for i = 1, #fields, 2 do
-    if fields[i] == 'id' then job = fields[i + 1] end
-    if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
-  end
-  local deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)[1][4]
-  if failed + deliveries > tonumber(ARGV[5]) then
+  if not fields then  -- Lua 5.1 has no continue: the rest is the else branch
     redis.call('XACK', KEYS[1], ARGV[1], eid)
-    redis.call('LPUSH', KEYS[2], job)
-    redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
+    trimmed = trimmed + 1
   else
-    redis.call('SADD', KEYS[3], job)
-    redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
-    table.insert(out, {eid, fields, failed + deliveries})
+    for i = 1, #fields, 2 do
+      if fields[i] == 'id' then job = fields[i + 1] end
+      if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
+    end
+    local deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)[1][4]
+    if failed + deliveries > tonumber(ARGV[5]) then
+      redis.call('XACK', KEYS[1], ARGV[1], eid)
+      redis.call('LPUSH', KEYS[2], job)
+      redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
+    else
+      redis.call('SADD', KEYS[3], job)
+      redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
+      table.insert(out, {eid, fields, failed + deliveries})
+    end
   end
 end
+if trimmed > 0 then redis.call('HINCRBY', KEYS[4], 'trimmed', trimmed) end
 return out
 """
 
@@ -75,13 +91,18 @@ redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
 return 1
 """
 
-# KEYS: delayed, stream; ARGV: now, batch size
+# KEYS: delayed, stream; ARGV: now, batch size, maxlen (0: no trim), '=' or '~'
 PROMOTE = """
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 for _, raw in ipairs(due) do
   local job = cjson.decode(raw)
   redis.call('ZREM', KEYS[1], raw)
-  redis.call('XADD', KEYS[2], '*', 'id', job.id, 'payload', job.payload, 'attempts', job.attempts)
+  if ARGV[3] == '0' then
+    redis.call('XADD', KEYS[2], '*', 'id', job.id, 'payload', job.payload, 'attempts', job.attempts)
+  else
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], ARGV[3], '*', 'id', job.id, 'payload', job.payload,
+               'attempts', job.attempts)
+  end
 end
 return #due
 """
@@ -113,11 +134,15 @@ class StreamQueue(Design):
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def enqueue(self, jobs: Sequence[Job]) -> None:
+    def enqueue(self, jobs: Sequence[Job]) -> list[str]:
+        # The entry ids XADD answers are returned: the harness keeps them, for the one evidence of a trimmed
+        # entry (below the stream's first entry at the end), since a trimmed entry's job id is gone with it.
+        maxlen = self.settings.stream_maxlen or None
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            pipe.xadd(self.key("stream"), {"id": job.id, "payload": job.payload, "attempts": 0})
-        pipe.execute()
+            fields = {"id": job.id, "payload": job.payload, "attempts": 0}
+            pipe.xadd(self.key("stream"), fields, maxlen=maxlen, approximate=self.settings.stream_approximate)
+        return pipe.execute()
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         try:
@@ -180,11 +205,15 @@ class StreamQueue(Design):
 
     def recover(self, now: float) -> None:
         # Crash recovery runs in the consumers (XAUTOCLAIM); the harness's timer moves due retries.
-        self._promote(keys=[self.key("delayed"), self.key("stream")], args=[repr(now), 1000])
+        trim = "~" if self.settings.stream_approximate else "="
+        args = [repr(now), 1000, self.settings.stream_maxlen, trim]
+        self._promote(keys=[self.key("delayed"), self.key("stream")], args=args)
 
     def backlog(self) -> int:
         info = self._group()
-        lag = info.get("lag")
+        # Redis 7.0 miscounts a group's lag once entries it never read were trimmed (entries-read goes up
+        # by one a delivery, entries-added by one an XADD): trimming, count what follows the group's cursor.
+        lag = None if self.settings.stream_maxlen else info.get("lag")
         if lag is None:  # the server could not tell (old server, or entries deleted): count them
             lag = len(self.r.xrange(self.key("stream"), f"({info['last-delivered-id']}", "+"))
         return int(info["pending"]) + int(lag) + int(self.r.zcard(self.key("delayed")))
@@ -215,7 +244,7 @@ class StreamQueue(Design):
             for p in pel:
                 pipe.xrange(stream, p["message_id"], p["message_id"])
             for p, entries in zip(pel, pipe.execute(), strict=True):
-                if entries:
+                if entries:  # none: trimmed while pending, no job left to name (the next claim drops it)
                     held[entries[0][1]["id"]] = f"pel:{p['consumer']}"
         events = self.r.hget(self.key("stats"), "requeue_events")
         return QueueState(

@@ -3,12 +3,12 @@
 Keys (all under the run prefix P), the same as stream's, whose claim, retry and state this shares:
     P stream      the stream; each entry has fields id (job id), payload, attempts (failed attempts
                   before this entry). Entries are kept after XACK (a stream keeps history until
-                  trimmed; crashbench never trims)
+                  trimmed: to stream_maxlen entries on every XADD, when it is not 0)
     P delayed     sorted set: JSON job -> harness-clock time its retry is due (a new entry then)
     P dead        list of dead-lettered job ids
     P poisoned    set of job ids dead-lettered because their handler kept failing
     P requeued    set of job ids XAUTOCLAIM took over at least once
-    P stats       hash: requeue_events, dead_lettered
+    P stats       hash: requeue_events, dead_lettered, trimmed (pending entries found gone)
 Consumer group "workers" on P stream; each worker is a consumer named after itself.
 
 A batch is delivered to the consumer's PEL at once and acked after its last job ran, so a killed

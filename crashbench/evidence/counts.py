@@ -60,6 +60,12 @@ class Counts:
     acks_lost: int = 0  # jobs completed (and acked) before the broker fault that ran again after it
     stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
 
+    # a trimmed stream (crashbench.evidence.trim): lost jobs whose entry the stream no longer holds by
+    # position (below its first entry at the end), from the entry ids XADD answered at enqueue
+    trimmed: int = 0  # trimmed_unread + trimmed_pending
+    trimmed_unread: int = 0  # ... trimmed before any worker started it
+    trimmed_pending: int = 0  # ... trimmed while delivered and unacknowledged (a worker started it and never ended)
+
     # the CI gate's own counts: 0 unless something went wrong that nobody injected
     undrained: int = 0  # jobs still held when the drain gave up (at least 1 when it did); 0 drained
     # jobs the library and the ledger disagree on: it recorded a failure (or timeout) of a job whose

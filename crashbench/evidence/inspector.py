@@ -37,6 +37,11 @@ class StoredKey:
     # stream: entry id -> fields, for the entries a group may still owe (see _read_stream)
     entries: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     groups: list[StreamGroup] = field(default_factory=list)
+    # stream (XINFO STREAM): its first entry's id (None when empty) and the last id it generated; an
+    # entry id below the first was removed from the stream's head: trimmed
+    first: str | None = None
+    last_generated: str = "0-0"
+    length: int = 0
 
     def stream_places(self) -> Iterator[tuple[str, str, dict[bytes, bytes] | None]]:
         """(where, entry id, fields) for every stream entry a consumer group still owes: not yet
@@ -47,15 +52,15 @@ class StoredKey:
                 yield "", eid, fields
             return
         for group in self.groups:
-            last = _entry_id(group.last_delivered)
+            last = entry_id(group.last_delivered)
             for eid, fields in self.entries.items():
-                if _entry_id(eid) > last:
+                if entry_id(eid) > last:
                     yield "", eid, fields
             for eid, consumer in group.pending.items():
                 yield f"pel:{consumer}", eid, self.entries.get(eid)
 
 
-def _entry_id(eid: str) -> tuple[int, int]:
+def entry_id(eid: str) -> tuple[int, int]:
     ms, _, seq = eid.partition("-")
     return int(ms), int(seq or 0)
 
@@ -136,6 +141,10 @@ def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
     """The groups, their pending entries, and the entries that can still hold a job: with no group
     every entry; with groups, those after the oldest last-delivered id and those pending. Acknowledged
     history (a stream keeps it until trimmed) holds no job, and reading it would cost the most."""
+    info = r.xinfo_stream(name)
+    first = info.get("first-entry")
+    key.first = _text(first[0]) if first else None
+    key.last_generated, key.length = _text(info["last-generated-id"]), int(info["length"])
     for info in r.xinfo_groups(name):
         gname = _text(info["name"])
         group = StreamGroup(gname, _text(info["last-delivered-id"]))
@@ -148,7 +157,7 @@ def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
                 break
             after = "(" + _text(pel[-1]["message_id"])
         key.groups.append(group)
-    start = "-" if not key.groups else "(" + min(key.groups, key=lambda g: _entry_id(g.last_delivered)).last_delivered
+    start = "-" if not key.groups else "(" + min(key.groups, key=lambda g: entry_id(g.last_delivered)).last_delivered
     while True:
         chunk = r.xrange(name, start, "+", count=CHUNK)
         for eid, fields in chunk:
@@ -156,7 +165,7 @@ def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
         if len(chunk) < CHUNK:
             break
         start = "(" + _text(chunk[-1][0])
-    wanted = sorted({eid for g in key.groups for eid in g.pending if eid not in key.entries}, key=_entry_id)
+    wanted = sorted({eid for g in key.groups for eid in g.pending if eid not in key.entries}, key=entry_id)
     for i in range(0, len(wanted), CHUNK):
         pipe = r.pipeline(transaction=False)
         for eid in wanted[i : i + CHUNK]:

@@ -17,6 +17,7 @@ from collections.abc import Set as AbstractSet
 from crashbench import jobids
 from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
+from crashbench.evidence import trim as trimming
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
 from crashbench.faults.records import JOB_SAMPLE, NetworkFaultRecord
@@ -138,6 +139,10 @@ def design_run(tl: Timeline) -> DesignRun:
         )
     if produced:
         c.acked_during_lag = sum(1 for j in tl.acked_during_lag if j not in done)
+    trim = trimming.trimmed(tl, classes["lost"])
+    if trim is not None:
+        c.trimmed_unread, c.trimmed_pending = len(trim.unread), len(trim.pending)
+        c.trimmed = c.trimmed_unread + c.trimmed_pending
     runs_of = _runs_of(runs, {j for k in kill_records for j in k.jobs})
     for k in kill_records:
         ready = tl.ready.get(k.replacement) if k.replacement else None
@@ -150,6 +155,15 @@ def design_run(tl: Timeline) -> DesignRun:
     c.unrecovered = sum(1 for k in kill_records for j in k.jobs if math.isinf(recovery_ms(k, runs_of[j]) or 0.0))
     network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), tl) for nf in tl.network]
     c.stuck_workers = len({s for nf in network for s in nf.stuck})
+    jobs = {
+        k: sorted(classes[k])[:JOB_SAMPLE]
+        for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
+    }
+    if trim is not None:  # only where receipts were kept: a result saved before them recounts to the same ids
+        jobs |= {
+            "trimmed_unread": sorted(trim.unread)[:JOB_SAMPLE],
+            "trimmed_pending": sorted(trim.pending)[:JOB_SAMPLE],
+        }
     return DesignRun(
         design=tl.spec,
         variant=tl.variant,
@@ -165,10 +179,7 @@ def design_run(tl: Timeline) -> DesignRun:
         worker_exits=tl.exits,
         duplicates=_duplicates(runs, classes["duplicated"]),
         workdir=tl.workdir,
-        jobs={
-            k: sorted(classes[k])[:JOB_SAMPLE]
-            for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
-        },
+        jobs=jobs,
         problems=problems,
         total_queue=counting.total_queue(c, flags.exactly_once),
         configuration=tl.configuration,

@@ -7,7 +7,8 @@ result (`<result>.timeline.jsonl.gz`), one JSON object per line, `e` naming the 
 result follow each other, each opened by its `run` line:
 
     run        the header: index, design spec and flags, scenario, t0, wall-clock start, window
-    enqueue    a chunk of ids sent to the queue: t, ids, ok (acknowledged; false: indeterminate), lag
+    enqueue    a chunk of ids sent to the queue: t, ids, ok (acknowledged; false: indeterminate), lag,
+               and entries when the design returned receipts (a stream's entry ids, one per id)
     spawn      a worker process started: t, worker, slot, pid         ready   its READY: t, worker
     x          one handler execution from the ledgers: j(ob), w(orker), s(tart), d (end; null: the
                worker died inside), f (1: it raised), p(id), x (thread), a (its ack returned; null:
@@ -23,7 +24,9 @@ result follow each other, each opened by its `run` line:
     exit       a worker that ended on its own
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
     held_after_promotion  a cluster fault: the ids the promoted replica held as it was promoted (ditto)
-    located    the harness's final reading of Redis              state   the design's own final report
+    located    the harness's final reading of Redis (with "streams": each stream's first entry, last
+               generated id and pending entries whose data is gone, when it read a stream)
+    state      the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
 Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
@@ -39,7 +42,7 @@ from json.encoder import encode_basestring_ascii as _string  # type: ignore[attr
 from pathlib import Path
 from typing import IO, Any
 
-from crashbench.designs import Located, QueueState
+from crashbench.designs import Located, QueueState, Receipts, StreamEnd
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.ledger import LedgerProblem
 from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
@@ -60,6 +63,7 @@ class Enqueue:
     ids: JobIds  # read as a sequence of id strings
     ok: bool = True  # acknowledged; False: it errored or timed out (indeterminate)
     lag: bool = False  # acknowledged by a primary whose replica had stopped following
+    entries: Receipts = None  # what the design's enqueue returned, one per id: a stream's entry ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +181,8 @@ class Timeline:
             "warnings": self.warnings,
         }  # fmt: skip
         for e in self.enqueues:
-            yield {"e": "enqueue", "t": e.t, "ids": list(e.ids), "ok": e.ok, "lag": e.lag}
+            extra = {} if e.entries is None else {"entries": list(e.entries)}  # older timelines have none
+            yield {"e": "enqueue", "t": e.t, "ids": list(e.ids), "ok": e.ok, "lag": e.lag, **extra}
         for s in self.spawns:
             yield {"e": "spawn", "t": s.t, "worker": s.worker, "slot": s.slot, "pid": s.pid}
         for worker, t in self.ready.items():
@@ -204,9 +209,10 @@ class Timeline:
         if self.held_after_promotion:
             yield {"e": "held_after_promotion", "ids": self.held_after_promotion}
         loc = self.located
+        streams = {"streams": {k: asdict(s) for k, s in loc.streams.items()}} if loc.streams else {}
         yield {
             "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
-            "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded),
+            "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded), **streams,
         }  # fmt: skip
         st = self.state
         yield {
@@ -300,7 +306,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
             runs.acks[row] = d["a"]
         runs.flags[row] = (FAILED if d["f"] else 0) | (EMPTY_ACK if d.get("n") else 0)  # "n": since empty acks
     elif e == "enqueue":
-        tl.enqueues.append(Enqueue(d["t"], JobIds.of(d["ids"]), d["ok"], d["lag"]))
+        entries = tuple(d["entries"]) if "entries" in d else None
+        tl.enqueues.append(Enqueue(d["t"], JobIds.of(d["ids"]), d["ok"], d["lag"], entries))
     elif e == "spawn":
         tl.spawns.append(Spawn(d["t"], d["worker"], d["slot"], d["pid"]))
     elif e == "ready":
@@ -328,7 +335,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "held_after_promotion":
         tl.held_after_promotion = d["ids"]
     elif e == "located":
-        tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]))
+        streams = {k: StreamEnd(**s) for k, s in d.get("streams", {}).items()}
+        tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]), streams)
     elif e == "state":
         tl.state = QueueState(
             d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),

@@ -27,7 +27,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job
+from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, Receipts, receipts
 from crashbench.errors import ServerUnavailable
 from crashbench.run import workdirs
 from crashbench.run.server import EmbeddedServer, find_server_binary
@@ -166,7 +166,8 @@ class Producer:
         self.start = start
         self.next = 0
         self.lagging = False  # set once the replica stopped following the primary (replica_lag)
-        self.chunks: list[tuple[float, Sequence[str], bool, bool]] = []  # (harness clock, ids, acknowledged, lagging)
+        # (harness clock, ids, acknowledged, lagging, what the enqueue returned: a stream's entry ids)
+        self.chunks: list[tuple[float, Sequence[str], bool, bool, Receipts]] = []
 
     @property
     def done(self) -> bool:
@@ -175,7 +176,7 @@ class Producer:
     @property
     def acknowledged(self) -> int:
         """Enqueues acknowledged so far."""
-        return sum(len(ids) for _, ids, ok, _ in self.chunks if ok)
+        return sum(len(ids) for _, ids, ok, _, _ in self.chunks if ok)
 
     def produce(self, design: Design, now: float) -> None:
         """Enqueue the next chunk if it is due by `now`: one per call, so that a slow enqueue (a WAIT
@@ -184,16 +185,17 @@ class Producer:
             ids = self.ids[self.next : self.next + CHUNK]
             chunk = self.jobs(ids)
             self.next += CHUNK
+            entries: Receipts = None
             if self.through is not None:
                 ok = self.through.enqueue(chunk)
             else:
                 try:
-                    design.enqueue(chunk)
+                    entries = receipts(design.enqueue(chunk), ids, design.name)
                 except (*DOWN, EnqueueUnconfirmed):
                     ok = False
                 else:
                     ok = True
-            self.chunks.append((now, ids, ok, ok and self.lagging))
+            self.chunks.append((now, ids, ok, ok and self.lagging, entries))
 
 
 class ReplicaCut:

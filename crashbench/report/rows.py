@@ -10,6 +10,9 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("enqueued", "enqueued"),
     ("done", "done"),
     ("lost", "lost"),
+    ("  trimmed", "trimmed"),
+    ("    before any read", "trimmed_unread"),
+    ("    while pending", "trimmed_pending"),
     ("unconfirmed", "unconfirmed"),
     ("stranded", "stranded"),
     ("failed", "failed"),
@@ -47,6 +50,7 @@ OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost", "held_at_fault", "acked_during_lag", "not_replicated",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
+    "trimmed", "trimmed_unread", "trimmed_pending",
 }  # fmt: skip
 
 

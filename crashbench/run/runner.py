@@ -15,13 +15,13 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
 
-from crashbench.designs import Design, Job, Located, library_settings, load_design, safe_name
+from crashbench.designs import Design, Located, Receipts, library_settings, load_design, receipts, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, tally
 from crashbench.evidence.ledger import Ledger
@@ -39,7 +39,7 @@ from crashbench.run.network import RunNetwork
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor
 from crashbench.run.worker import DOWN, WorkerSpec, run_worker
-from crashbench.run.workload import job_ids
+from crashbench.run.workload import job_ids, jobs_for
 from crashbench.scenario import Scenario
 
 Clock = Callable[[], float]
@@ -56,11 +56,6 @@ class Progress:
     kills_total: int
     alive: int
     elapsed: float
-
-
-def _jobs(ids: Sequence[str]) -> list[Job]:
-    """The run's jobs for these ids; the payload carries the job's number."""
-    return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
 
 
 class CrashRun:
@@ -124,8 +119,9 @@ class CrashRun:
         self.network_faults: NetworkFaults | None = None
         self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
         self.external = external
-        # The producer enqueues during the run when a broker fault or a network fault on it may meet it.
-        self.producing = broker is not None or any(f.target == "producer" for f in self.planned)
+        # The producer enqueues during the run when asked, or when a broker fault or a fault on it may meet it.
+        on_producer = any(f.target == "producer" for f in self.planned)
+        self.producing = broker is not None or scenario.produce == "during" or on_producer
         self.producer: Producer | None = None
         parent = os.getpid()
         self.worker_python = worker_python
@@ -156,7 +152,7 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
-        self.enqueues: list[tuple[float, JobIds]] = []  # (harness clock, ids) sent before the workers start
+        self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.sampler = depth.Sampler()  # the harness's readings of the queue's depth (the timeline)
         self.started = 0.0  # wall clock at t0
@@ -215,9 +211,8 @@ class CrashRun:
             for start in range(0, len(ids), 1000):
                 if self.stop.raised:
                     raise Interrupted("interrupted while enqueueing: nothing left running")
-                chunk = ids[start : start + 1000]
-                self.enqueues.append((self.clock(), chunk))
-                self.design.enqueue(_jobs(chunk))
+                chunk, t = ids[start : start + 1000], self.clock()  # a stream's receipts tell a trimmed entry
+                self.enqueues.append((t, chunk, receipts(self.design.enqueue(jobs_for(chunk)), chunk, self.spec)))
         self.t0 = self.clock()
         self.started = time.time()
         for slot in range(self.sc.workers):
@@ -314,7 +309,9 @@ class CrashRun:
         through = None
         if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
             through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
-        producer = self.producer = Producer(ids, _jobs, self.sc.produce_s, self.t0, through) if self.producing else None
+        producer = self.producer = (
+            Producer(ids, jobs_for, self.sc.produce_s, self.t0, through) if self.producing else None
+        )
         if self.net.proxy is not None or self.net.partitions is not None:
             sync = self.broker.sync_replica if self.broker is not None else None
             network = self.network_faults = NetworkFaults(
@@ -372,9 +369,9 @@ class CrashRun:
         located = self._locate()
         t0, bf = self.t0, self.broker_faults
         if self.producer is not None:
-            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag) for t, chunk, ok, lag in self.producer.chunks]
+            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in self.producer.chunks]
         else:
-            enqueues = [Enqueue(rel(t, t0), chunk) for t, chunk in self.enqueues]
+            enqueues = [Enqueue(rel(t, t0), chunk, entries=e) for t, chunk, e in self.enqueues]
         cls = self.design_cls
         return Timeline(
             index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,

@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from crashbench.designs.kinds import Job
 from crashbench.jobids import JobIds
 
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
@@ -24,6 +26,11 @@ PARETO_ALPHA = 1.16
 def job_ids(n: int) -> JobIds:
     """The ids of a run's jobs, in enqueue order: a range of codes, read as strings when asked for."""
     return JobIds(range(n))
+
+
+def jobs_for(ids: Sequence[str]) -> list[Job]:
+    """The run's jobs for these ids; the payload carries the job's number."""
+    return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,11 @@
 
     name = "lesson"
     description = "..."
-    [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures
+    [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures,
+                produce
     [faults]    kills, interval, signal, kill_when, seed, pause   (or [[faults]] entries: crashbench.faults)
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
-                batch_size, concurrency, shards
+                batch_size, concurrency, shards, stream_maxlen, stream_trim
     [run]       drain_timeout, designs
     [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.scenario.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
@@ -46,9 +47,11 @@ from crashbench.scenario.settings import NUMBERS as NUMBERS
 from crashbench.scenario.settings import PERSISTENCE as PERSISTENCE
 from crashbench.scenario.settings import POSITIVE as POSITIVE
 from crashbench.scenario.settings import POSITIVE_INT as POSITIVE_INT
+from crashbench.scenario.settings import PRODUCE as PRODUCE
 from crashbench.scenario.settings import SECTION_OF as SECTION_OF
 from crashbench.scenario.settings import SECTIONS as SECTIONS
 from crashbench.scenario.settings import SHARE as SHARE
+from crashbench.scenario.settings import STREAM_TRIM as STREAM_TRIM
 from crashbench.scenario.settings import SWEEPABLE as SWEEPABLE
 from crashbench.scenario.settings import Bound as Bound
 from crashbench.scenario.thresholds import Threshold
@@ -68,6 +71,7 @@ class Scenario:
     poison_rate: float = 0.0  # share of jobs whose handler always raises
     transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
     transient_failures: int = 1
+    produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
     # faults
     kills: int = 5
     interval: float = 0.5
@@ -88,13 +92,15 @@ class Scenario:
     batch_size: int = 10  # jobs per round trip, for the batching designs
     shards: int = 0  # queues the sharded design spreads its jobs over; 0 = one per primary (1 on one server)
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
+    stream_maxlen: int = 0  # the stream designs' XADD MAXLEN; 0 = never trim
+    stream_trim: str = "exact"  # or "approximate": MAXLEN ~
     socket_timeout: float = 5.0  # crashbench's own workers' socket and connect timeout; 0: none
     # broker: faults of the server itself (crashbench.faults.broker); only on a server crashbench started
     fault: str = "none"
     fault_at: float = 1.0  # seconds after the workers start
     downtime: float = 0.5  # seconds the server stays down before it is restarted (kill)
     persistence: str = "none"  # of the embedded server: none, rdb (a snapshot every second), aof-everysec, aof-always
-    produce_s: float = 3.0  # a broker fault or a producer network fault: the producer enqueues over this long
+    produce_s: float = 3.0  # a broker fault, a producer network fault or produce = "during": enqueue over this long
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     replica_lag: float = 0.0  # failover: the replica stops following the primary this long before it dies
@@ -118,6 +124,8 @@ class Scenario:
             heartbeat_every=self.heartbeat_every,
             batch_size=self.batch_size,
             shards=self.shards,
+            stream_maxlen=self.stream_maxlen,
+            stream_approximate=self.stream_trim == "approximate",
             concurrency=self.concurrency,
             longest_job=self.longest_job_s,
             wait_replicas=self.wait_replicas,
@@ -259,8 +267,10 @@ class Scenario:
         data = self.to_dict()
         for key in ("name", "description", "source", "seed"):
             data.pop(key)
-        if not data["shards"]:  # a setting added later, at its default: older results keep their fingerprint
-            data.pop("shards")
+        # Settings added later, at their defaults: older results keep their fingerprint.
+        for key, default in (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before")):
+            if data[key] == default:
+                data.pop(key)
         digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]
 

@@ -22,10 +22,11 @@ FAULT_SIGNALS = (
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
-                 "transient_failures"),
+                 "transient_failures", "produce"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
-              "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards"),
+              "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
+              "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
@@ -33,6 +34,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 BROKER_FAULTS = ("none", "kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
                  "cluster-takeover", "cluster-partition")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+# before: every job is enqueued before the workers start; during: the producer enqueues them over
+# broker.produce_s seconds while the workers run (as it does with a broker fault)
+PRODUCE = ("before", "during")
+# How a stream design's XADD trims at stream_maxlen: MAXLEN N, or MAXLEN ~ N (whole nodes only: cheaper, keeps more)
+STREAM_TRIM = ("exact", "approximate")
 
 SECTION_OF = {name: section for section, names in SECTIONS.items() for name in names}
 BLOCKING_POP_S = 0.1  # a built-in worker's blocking pop (crashbench.run.worker.WorkerSpec.fetch_timeout)
@@ -78,18 +84,19 @@ NUMBERS: dict[str, Bound] = {
     "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
     "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
-    "batch_size": POSITIVE_INT, "concurrency": COUNT, "shards": COUNT,
+    "batch_size": POSITIVE_INT, "concurrency": COUNT, "shards": COUNT, "stream_maxlen": COUNT,
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {
     "job_dist": DISTRIBUTIONS, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN, "kill_target": KILL_TARGETS,
-    "fault": BROKER_FAULTS, "persistence": PERSISTENCE,
+    "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE, "stream_trim": STREAM_TRIM,
 }  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
-    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target", "fault", "persistence")
+    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target", "fault", "persistence", "produce",
+                    "stream_trim")
 )  # fmt: skip
