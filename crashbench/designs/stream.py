@@ -134,15 +134,17 @@ class StreamQueue(Design):
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def enqueue(self, jobs: Sequence[Job]) -> list[str]:
-        # The entry ids XADD answers are returned: the harness keeps them, for the one evidence of a trimmed
-        # entry (below the stream's first entry at the end), since a trimmed entry's job id is gone with it.
+    def enqueue(self, jobs: Sequence[Job]) -> list[str] | None:
+        # The entry ids XADD answers are returned when trimming: the harness keeps them, for the one evidence
+        # of a trimmed entry (below the stream's first entry at the end), since a trimmed entry's job id is
+        # gone with it. Not otherwise: at 10M jobs they would be most of the harness's memory.
         maxlen = self.settings.stream_maxlen or None
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             fields = {"id": job.id, "payload": job.payload, "attempts": 0}
             pipe.xadd(self.key("stream"), fields, maxlen=maxlen, approximate=self.settings.stream_approximate)
-        return pipe.execute()
+        entries = pipe.execute()
+        return entries if maxlen else None
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         try:
