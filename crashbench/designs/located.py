@@ -7,7 +7,7 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from crashbench.evidence.inspector import StoredKey
+from crashbench.evidence.inspector import Consumer, StoredKey
 
 Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
 
@@ -21,6 +21,9 @@ class Located:
     delayed: set[str] = field(default_factory=set)  # held jobs that only wait for a retry's due time
     failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
     succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
+    # The streams' consumers as the harness read them (crashbench.evidence.inspector), never the design's
+    # word: set by the runner from the same snapshot, whatever `locate` returned.
+    consumers: list[Consumer] = field(default_factory=list)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
         """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""

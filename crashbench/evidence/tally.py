@@ -150,6 +150,7 @@ def design_run(tl: Timeline) -> DesignRun:
     c.unrecovered = sum(1 for k in kill_records for j in k.jobs if math.isinf(recovery_ms(k, runs_of[j]) or 0.0))
     network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), tl) for nf in tl.network]
     c.stuck_workers = len({s for nf in network for s in nf.stuck})
+    c.consumers = len(tl.located.consumers)
     return DesignRun(
         design=tl.spec,
         variant=tl.variant,
@@ -173,6 +174,7 @@ def design_run(tl: Timeline) -> DesignRun:
         total_queue=counting.total_queue(c, flags.exactly_once),
         configuration=tl.configuration,
         warnings=tl.warnings,
+        consumers=list(tl.located.consumers),
         timeline=tl,
     )
 

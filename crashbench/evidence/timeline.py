@@ -23,7 +23,8 @@ result follow each other, each opened by its `run` line:
     exit       a worker that ended on its own
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
     held_after_promotion  a cluster fault: the ids the promoted replica held as it was promoted (ditto)
-    located    the harness's final reading of Redis              state   the design's own final report
+    located    the harness's final reading of Redis (with the streams' consumers)
+    state      the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
 Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
@@ -41,6 +42,7 @@ from typing import IO, Any
 
 from crashbench.designs import Located, QueueState
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
+from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.ledger import LedgerProblem
 from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 from crashbench.jobids import JobIds
@@ -207,6 +209,7 @@ class Timeline:
         yield {
             "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
             "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded),
+            "consumers": [asdict(c) for c in loc.consumers],
         }  # fmt: skip
         st = self.state
         yield {
@@ -328,7 +331,10 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "held_after_promotion":
         tl.held_after_promotion = d["ids"]
     elif e == "located":
-        tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]))
+        tl.located = Located(
+            d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]),
+            [Consumer(**c) for c in d.get("consumers", [])],  # since the consumers were read
+        )  # fmt: skip
     elif e == "state":
         tl.state = QueueState(
             d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),
