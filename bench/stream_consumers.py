@@ -5,7 +5,8 @@
 2. name reuse while the holder lives (scenario name-reuse, SIGTERM): jobs run twice, re-reads;
 3. consumer churn: the consumers each group still held at the harness's final reading (XINFO
    CONSUMERS) after 5, 10 and 20 SIGKILLs, without the cleanup (tests/designs_consumers.py), with it
-   (stream), and with name reuse, and the idle times of those left.
+   (stream), and with name reuse, the idle times of those left, and the requeues and dead letters
+   (a slot killed three times running dead-letters the job its replacements re-read).
 
     python bench/stream_consumers.py results/readme/stream-consumers
 """
@@ -92,8 +93,8 @@ def main(directory: str) -> int:
         print(f"| {design} | " + " | ".join(cells) + " |")
     print()
     print("Consumers left in the group at the end (harness's XINFO CONSUMERS), by SIGKILLs every 0.2 s:")
-    print("| design | kills | seeds | consumers left | of which pending | idle of those left |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    print("| design | kills | seeds | consumers left | of which pending | idle of those left | requeue events | dead |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for (scenario, kills, interval, design), rs in sorted(runs.items(), key=lambda kv: (kv[0][3], kv[0][1])):
         if scenario != "default" or interval == RECOVERY_INTERVAL:
             continue
@@ -104,6 +105,8 @@ def main(directory: str) -> int:
             median([r.counts.consumers for r in rs]),
             median([sum(c.pending for c in r.consumers) for r in rs]),
             median([c.idle_ms / 1000 for c in left], lambda v: f"{v:.1f} s"),
+            median([r.counts.requeue_events for r in rs]),
+            median([r.counts.dead_lettered for r in rs]),
         ]
         print(f"| {SHORT.get(design, design)} | " + " | ".join(cells) + " |")
     if broken:
