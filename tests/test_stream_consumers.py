@@ -7,24 +7,28 @@ real processes and real signals."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import redis
-from conftest import assert_recounts
+from conftest import ROOT, assert_recounts
 from designs_consumers import StreamKeepsConsumers
 from rich.console import Console
 
+from crashbench import scenario
 from crashbench.designs import DesignSettings, Job
 from crashbench.designs.kinds import SLOT_ENV
 from crashbench.designs.stream import StreamQueue
 from crashbench.designs.stream_reuse import StreamReuseQueue
 from crashbench.evidence import inspector
 from crashbench.report.render import result_table
+from crashbench.report.results import DesignRun, Result, group
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
+from crashbench.scenario.thresholds import Threshold, evaluate
 
 SETTINGS = DesignSettings(stale_after=60.0, recover_every=0.0, max_attempts=3)
 
@@ -234,3 +238,27 @@ def test_stream_reuse_runs_a_gracefully_stopping_workers_job_again(valkey_url: s
     # replacement, ready in milliseconds, re-read it in at least one of the two stops.
     assert reuse.counts.duplicated == reuse.counts.requeue_events
     assert reuse.counts.requeue_events >= 1, reuse.kills
+    # The name-reuse scenario's expectations say the same: each design meets its own, not the other's.
+    expect = scenario.load(str(ROOT / "scenarios" / "name-reuse.toml")).expect
+    assert failing(expect["stream"], stream) == failing(expect["stream-reuse"], reuse) == []
+    assert failing(expect["stream"], reuse) == ["duplicated == 0", "requeue_events == 0"]
+    assert failing(expect["stream-reuse"], stream) == ["requeue_events > 0"]
+
+
+def failing(expected: Sequence[Threshold], run: DesignRun) -> list[str]:
+    """The thresholds `run` violates."""
+    return [t.rule() for t in expected if evaluate(t, run.design, [run], None).status == "fail"]
+
+
+def test_the_default_scenario_expects_stream_reuse_to_recover_before_xautoclaim_could() -> None:
+    # On the README's runs of it (make stream-consumers): stream-reuse meets every expectation, and
+    # stream, whose jobs come back after stale_after (1 s), only the one about recovery fails it.
+    expect = scenario.load(str(ROOT / "scenarios" / "default.toml")).expect["stream-reuse"]
+    (path,) = (ROOT / "results" / "readme" / "stream-consumers").glob("*-compare-default-stream-stream-reuse.json")
+    runs = group(Result.from_dict(json.loads(path.read_text())).runs)
+    assert {t.rule(): evaluate(t, "stream-reuse", runs["stream-reuse"], None).status for t in expect} == {
+        t.rule(): "pass" for t in expect
+    }
+    assert [t.rule() for t in expect if evaluate(t, "stream", runs["stream"], None).status == "fail"] == [
+        "recovery_max < 1000ms"
+    ]
