@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim clean
+.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -114,6 +114,18 @@ cluster-faults: $(STAMP)  ## the README's cluster failover table (cluster-fault 
 	  $(BIN)/crashbench compare -s scenarios/$$s.toml --cluster 3 --repeat 3 --plain --out results/readme/cluster-faults \
 	    || [ $$? -eq 1 ]; done  # exit 1, a threshold violated, still wrote its result: it goes in the table
 	$(BIN)/python bench/cluster_fault_table.py results/readme/cluster-faults
+
+# The README's stream consumer tables (about 6 minutes): stream against stream-reuse on the default scenario
+# and on name-reuse (5 seeds each), then the consumers each group still holds after 5, 10 and 20 SIGKILLs
+# without the cleanup (tests/designs_consumers.py), with it, and with name reuse (3 seeds each).
+stream-consumers: $(STAMP)  ## the README's stream consumer tables (recovery with name reuse, consumer churn)
+	rm -rf results/readme/stream-consumers
+	$(BIN)/crashbench compare --designs stream,stream-reuse --repeat 5 --plain --out results/readme/stream-consumers
+	$(BIN)/crashbench compare -s scenarios/name-reuse.toml --repeat 5 --plain --out results/readme/stream-consumers
+	set -e; for k in 5 10 20; do \
+	  PYTHONPATH=tests $(BIN)/crashbench compare --designs designs_consumers:StreamKeepsConsumers,stream,stream-reuse \
+	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
+	$(BIN)/python bench/stream_consumers.py results/readme/stream-consumers
 
 # The README's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.

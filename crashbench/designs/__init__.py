@@ -302,6 +302,7 @@ BUILTIN: dict[str, str] = {
     "stream": "crashbench.designs.stream:StreamQueue",
     "reliable-batch": "crashbench.designs.reliable_batch:ReliableBatchQueue",
     "stream-batch": "crashbench.designs.stream_batch:StreamBatchQueue",
+    "stream-reuse": "crashbench.designs.stream_reuse:StreamReuseQueue",
     "priority": "crashbench.designs.priority:PriorityQueue",
     "sharded": "crashbench.designs.sharded:ShardedQueue",
     "rq": "crashbench.designs.rqlib:RQQueue",

@@ -7,7 +7,7 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from crashbench.evidence.inspector import StoredKey, entry_id
+from crashbench.evidence.inspector import Consumer, StoredKey, entry_id
 
 Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
 
@@ -45,6 +45,9 @@ class Located:
     failed: set[str] = field(default_factory=set)  # the library recorded these failed (its failed registry)
     succeeded: set[str] = field(default_factory=set)  # the library recorded these done (a result, a registry)
     streams: dict[str, StreamEnd] = field(default_factory=dict)  # stream key (without the prefix) -> its end
+    # The streams' consumers as the harness read them (crashbench.evidence.inspector), never the design's
+    # word: set by the runner from the same snapshot, whatever `locate` returned.
+    consumers: list[Consumer] = field(default_factory=list)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
         """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""

@@ -15,6 +15,10 @@ Keys (all under the run prefix P):
                   consumer's too, whose XACK then finds nothing: not a count of lost jobs)
 Consumer group "workers" on P stream; each worker is a consumer named after itself.
 
+Consumer names stay in the group until deleted, and each replacement brings a new one: the harness's
+recovery timer (`recover`) deletes the consumers that hold no pending entry and have been idle for
+stale_after (`prune_consumers`), so the group does not grow with the number of crashes.
+
 Recovery lives in the consumers, as in production: before reading new entries, a consumer runs
 XAUTOCLAIM (at most every recover_every seconds, and again at once while it finds something) for
 entries idle longer than stale_after. An entry trimmed while pending has no data left to run: Redis
@@ -31,6 +35,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 import redis
 
@@ -91,6 +96,22 @@ redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
 return 1
 """
 
+# KEYS: stream; ARGV: group, min idle ms, only this consumer ("" for any)
+# Deletes each consumer with no pending entry idle at least min idle; returns their names. One script,
+# so no entry can be delivered to a consumer between the look and the delete (DELCONSUMER drops a PEL).
+PRUNE = """
+local out = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if info['pending'] == 0 and info['idle'] >= tonumber(ARGV[2]) and (ARGV[3] == '' or info['name'] == ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    table.insert(out, info['name'])
+  end
+end
+return out
+"""
+
 # KEYS: delayed, stream; ARGV: now, batch size, maxlen (0: no trim), '=' or '~'
 PROMOTE = """
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
@@ -114,6 +135,8 @@ class StreamQueue(Design):
     DEAD_LETTERS = ("dead",)
     DELAYED = ("delayed",)
     BOOKKEEPING = ("poisoned", "requeued", "stats")
+    # Whether `recover` deletes idle consumers that hold nothing (a subclass may keep them, to show the churn).
+    PRUNE_CONSUMERS: ClassVar[bool] = True
 
     def job_of(self, key: str, entry: Entry) -> str | None:
         if key == "dead" and isinstance(entry, bytes):
@@ -125,6 +148,7 @@ class StreamQueue(Design):
         self._claim = self.r.register_script(CLAIM)
         self._fail = self.r.register_script(FAIL)
         self._promote = self.r.register_script(PROMOTE)
+        self._prune = self.r.register_script(PRUNE)
         self._next_claim = 0.0
 
     def setup(self) -> None:
@@ -210,6 +234,19 @@ class StreamQueue(Design):
         trim = "~" if self.settings.stream_approximate else "="
         args = [repr(now), 1000, self.settings.stream_maxlen, trim]
         self._promote(keys=[self.key("delayed"), self.key("stream")], args=args)
+        if self.PRUNE_CONSUMERS:
+            self.prune_consumers(int(self.settings.stale_after * 1000))
+
+    def prune_consumers(self, idle_ms: int, only: str = "") -> list[str]:
+        """Delete the consumers (only `only`, if given) that hold no pending entry and have been idle at
+        least `idle_ms` (the server's idle time: since their last read or claim); their names. Losing
+        nothing: a consumer with no pending entry holds no job, and a live one deleted here is made
+        again by its next XREADGROUP."""
+        try:
+            return list(self._prune(keys=[self.key("stream")], args=[GROUP, idle_ms, only]))
+        except redis.ResponseError as exc:  # no stream or no group yet (a server that came back empty)
+            self._regroup(exc)
+            return []
 
     def backlog(self) -> int:
         info = self._group()

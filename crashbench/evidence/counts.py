@@ -80,6 +80,9 @@ class Counts:
     # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
     # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
     not_replicated: int = 0
+    # consumers the streams' groups still held at the harness's final reading (XINFO CONSUMERS): a
+    # name stays until deleted, so without a cleanup each killed consumer is left behind
+    consumers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,12 @@
 
 After the final recovery pass (and at a broker fault) the runner SCANs the run's key patterns on its
 own connection and reads every key by its type: list, set and sorted-set members, hash fields,
-string values, and stream entries with each consumer group's last-delivered id and pending entries
-(the PEL). The design then only says how a stored entry maps to a job id (`Design.job_of`, or
-`Design.locate` for a library's layout); where each job sits, how many times, and whether it is
-there at all is decided from this snapshot, not from the design's own `state()`.
+string values, and stream entries with each consumer group's last-delivered id, pending entries
+(the PEL) and consumers (XINFO CONSUMERS: every name the group still holds, its pending count and
+idle time, which no design reports about itself). The design then only says how a stored entry maps
+to a job id (`Design.job_of`, or `Design.locate` for a library's layout); where each job sits, how
+many times, and whether it is there at all is decided from this snapshot, not from the design's own
+`state()`.
 
 Values are kept as bytes: some libraries store pickles.
 """
@@ -21,11 +23,24 @@ import redis
 CHUNK = 10_000  # members / entries per round trip for big keys
 
 
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """A consumer a stream's group still holds (XINFO CONSUMERS): a name stays until XGROUP DELCONSUMER."""
+
+    key: str  # the stream's key
+    group: str
+    name: str
+    pending: int  # entries it holds
+    idle_ms: int  # since its last read or claim (any attempt, from Redis 7.2 on)
+    inactive_ms: int | None = None  # since its last successful read (Redis 7.2+ only; -1: never)
+
+
 @dataclass(slots=True)
 class StreamGroup:
     name: str
     last_delivered: str
     pending: dict[str, str] = field(default_factory=dict)  # entry id -> consumer that holds it
+    consumers: list[Consumer] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -69,6 +84,10 @@ def entry_id(eid: str) -> tuple[int, int]:
 class Snapshot:
     keys: dict[str, StoredKey]
     taken_s: float = 0.0  # how long reading took, for the run's cost
+
+    def consumers(self) -> list[Consumer]:
+        """Every consumer of every stream's groups, by key, group and name."""
+        return [c for key in self.keys.values() for g in key.groups for c in g.consumers]
 
 
 def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
@@ -156,6 +175,11 @@ def _read_stream(r: redis.Redis, name: bytes, key: StoredKey) -> None:
             if len(pel) < CHUNK:
                 break
             after = "(" + _text(pel[-1]["message_id"])
+        for c in r.xinfo_consumers(name, gname):
+            inactive = int(c["inactive"]) if "inactive" in c else None  # a server before 7.2 does not say
+            seen = Consumer(key.name, gname, _text(c["name"]), int(c["pending"]), int(c["idle"]), inactive)
+            group.consumers.append(seen)
+        group.consumers.sort(key=lambda c: c.name)
         key.groups.append(group)
     start = "-" if not key.groups else "(" + min(key.groups, key=lambda g: entry_id(g.last_delivered)).last_delivered
     while True:

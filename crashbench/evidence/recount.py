@@ -20,7 +20,7 @@ from crashbench.report.results import DesignRun, Result, jsonable
 # What recount compares: everything computed from the timeline. Not `workdir` (where the evidence sat
 # when it was measured) nor `thresholds_evaluated` (the CI gate's, not the timeline's).
 COMPARED = ("counts", "timings", "kills", "jobs", "duplicates", "problems", "total_queue", "broker_fault",
-            "worker_exits", "network_faults", "schedule", "configuration", "warnings")  # fmt: skip
+            "worker_exits", "network_faults", "schedule", "configuration", "warnings", "consumers")  # fmt: skip
 
 
 @dataclass(slots=True)

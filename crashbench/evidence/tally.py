@@ -164,6 +164,7 @@ def design_run(tl: Timeline) -> DesignRun:
             "trimmed_unread": sorted(trim.unread)[:JOB_SAMPLE],
             "trimmed_pending": sorted(trim.pending)[:JOB_SAMPLE],
         }
+    c.consumers = len(tl.located.consumers)
     return DesignRun(
         design=tl.spec,
         variant=tl.variant,
@@ -184,6 +185,7 @@ def design_run(tl: Timeline) -> DesignRun:
         total_queue=counting.total_queue(c, flags.exactly_once),
         configuration=tl.configuration,
         warnings=tl.warnings,
+        consumers=list(tl.located.consumers),
         timeline=tl,
     )
 

@@ -25,7 +25,8 @@ result follow each other, each opened by its `run` line:
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
     held_after_promotion  a cluster fault: the ids the promoted replica held as it was promoted (ditto)
     located    the harness's final reading of Redis (with "streams": each stream's first entry, last
-               generated id and pending entries whose data is gone, when it read a stream)
+               generated id and pending entries whose data is gone, when it read a stream; and the
+               streams' consumers)
     state      the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
@@ -44,6 +45,7 @@ from typing import IO, Any
 
 from crashbench.designs import Located, QueueState, Receipts, StreamEnd
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
+from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.ledger import LedgerProblem
 from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 from crashbench.jobids import JobIds
@@ -213,6 +215,7 @@ class Timeline:
         yield {
             "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
             "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded), **streams,
+            "consumers": [asdict(c) for c in loc.consumers],
         }  # fmt: skip
         st = self.state
         yield {
@@ -336,7 +339,10 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.held_after_promotion = d["ids"]
     elif e == "located":
         streams = {k: StreamEnd(**s) for k, s in d.get("streams", {}).items()}
-        tl.located = Located(d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]), streams)
+        tl.located = Located(
+            d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]), streams=streams,
+            consumers=[Consumer(**c) for c in d.get("consumers", [])],  # since the consumers were read
+        )  # fmt: skip
     elif e == "state":
         tl.state = QueueState(
             d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),

@@ -148,6 +148,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
             )
         for where, n in run.counts.stranded_at.items():
             parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
+        if run.consumers:
+            shown = ", ".join(f"{c.name} ({c.pending} pending, idle {c.idle_ms / 1000:.1f} s)" for c in run.consumers)
+            parts.append(Text(f"{name}: consumers left in the group: {shown}", style="dim"))
         for w in run.worker_exits:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
         if run.workdir:

@@ -23,6 +23,7 @@ from typing import Any
 from crashbench import __version__
 from crashbench.evidence import timeline
 from crashbench.evidence.counts import Counts, Problem, TotalQueue
+from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.timeline import Timeline
 from crashbench.faults.records import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.faults.records import Fault as Fault
@@ -100,6 +101,8 @@ class DesignRun:
     # them would re-run or cancel a healthy job of this workload (said before the run, too).
     configuration: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The consumers the streams' groups still held at the harness's final reading, with their idle times.
+    consumers: list[Consumer] = field(default_factory=list)
     # Everything the run recorded, which the counts above were computed from; saved in its own file
     # beside the result (Result.timeline), never in the JSON.
     timeline: Timeline | None = field(default=None, repr=False, compare=False)

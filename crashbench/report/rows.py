@@ -40,6 +40,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("worker crashes", "worker_crashes"),
     ("stuck workers", "stuck_workers"),
     ("library disagrees", "library_disagrees"),
+    ("consumers left", "consumers"),
 )
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
@@ -50,7 +51,7 @@ OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost", "held_at_fault", "acked_during_lag", "not_replicated",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
-    "trimmed", "trimmed_unread", "trimmed_pending",
+    "trimmed", "trimmed_unread", "trimmed_pending", "consumers",
 }  # fmt: skip
 
 

@@ -361,7 +361,7 @@ class CrashRun:
     def _locate(self, raw: redis.Redis | None = None) -> Located:
         snapshot = inspector.take(raw or self.raw, self.design.key_patterns())
         self.inspect_s += snapshot.taken_s
-        return self.design.locate(snapshot)
+        return dataclasses.replace(self.design.locate(snapshot), consumers=snapshot.consumers())
 
     def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
         """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""

@@ -33,6 +33,7 @@ from typing import NoReturn
 
 import psutil
 
+from crashbench.designs.kinds import SLOT_ENV
 from crashbench.run.reaper import (
     STOPS,
     Watchdog,
@@ -131,7 +132,7 @@ class Supervisor:
             pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
             if not pid:
                 self.zygote = None  # none, or it failed and is stopped: fork from here
-                pid = self._fork(log, self.prepare(name, slot))
+                pid = self._fork(log, self.prepare(name, slot), slot)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         try:
@@ -144,21 +145,21 @@ class Supervisor:
         self.slots[slot] = worker
         return worker
 
-    def _fork(self, log: Path, body: Callable[[], int]) -> int:
+    def _fork(self, log: Path, body: Callable[[], int], slot: int) -> int:
         pid = os.fork()
         if pid == 0:
-            self._run(log, body)
+            self._run(log, body, slot)
         return pid
 
     def _adopted(self, name: str, slot: int) -> None:
         """In the zygote's spare (already this process's child), once told it is worker `name`."""
-        self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)())
+        self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)(), slot)
 
-    def _run(self, log: Path, body: Callable[[], int]) -> NoReturn:
+    def _run(self, log: Path, body: Callable[[], int], slot: int) -> NoReturn:
         """The new worker: never return into the caller."""
         code = 1
         try:
-            self._become_worker(log)
+            self._become_worker(log, slot)
             code = body()
         except BaseException:
             traceback.print_exc()
@@ -166,7 +167,10 @@ class Supervisor:
             sys.stderr.flush()
             os._exit(code)
 
-    def _become_worker(self, log: Path) -> None:
+    def _become_worker(self, log: Path, slot: int) -> None:
+        # Inherited by a --worker-python exec too: a design whose replacement takes over its slot's
+        # identity (stream-reuse's consumer name) reads it; the worker's own name is new at every spawn.
+        os.environ[SLOT_ENV] = str(slot)
         os.setsid()
         die_with_parent()
         if os.getppid() != self._pid:  # the parent died before the line above took effect
