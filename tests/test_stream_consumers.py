@@ -193,8 +193,8 @@ def few(**changes: object) -> Scenario:
     return dataclasses.replace(base, **changes)
 
 
-@pytest.mark.parametrize("kills", [2, 5])
-def test_the_cleanup_keeps_the_group_from_growing_with_the_kills(valkey_url: str, kills: int, tmp_path: Path) -> None:
+def test_the_cleanup_keeps_the_group_from_growing_with_the_kills(valkey_url: str, tmp_path: Path) -> None:
+    kills = 5
     designs = ["designs_consumers:StreamKeepsConsumers", "stream"]
     result = run_designs(few(kills=kills), designs, Options(redis_url=valkey_url), kind="compare")
     keeps, stream = result.runs
@@ -208,21 +208,22 @@ def test_the_cleanup_keeps_the_group_from_growing_with_the_kills(valkey_url: str
     assert all(c.pending == 0 and c.idle_ms >= 300 for c in keeps.consumers), keeps.consumers
     assert stream.counts.consumers == 0 and stream.consumers == []
     assert_recounts(result, tmp_path)
-    if kills == 5:
-        console = Console(width=200, record=True)
-        console.print(result_table(result))
-        text = console.export_text()
-        assert "consumers left" in text and "consumers left in the group: w" in text
+    console = Console(width=200, record=True)
+    console.print(result_table(result))
+    text = console.export_text()
+    assert "consumers left" in text and "consumers left in the group: w" in text
 
 
 def test_stream_reuse_recovers_at_restart_speed_and_leaves_no_consumer(valkey_url: str) -> None:
-    run = run_designs(few(kills=3), ["stream-reuse"], Options(redis_url=valkey_url)).runs[0]
+    sc = few(kills=3, stale_after=5.0)
+    run = run_designs(sc, ["stream-reuse"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert run.problems == [] and (c.lost, c.duplicated, c.stranded) == (0, 0, 0)
     assert c.kills_mid_job == 3 and c.requeue_events == 3
-    # Each killed job came back through its replacement's re-read, which XAUTOCLAIM (stale_after, 300 ms
-    # of idle time) could not have done: the slot's name reached the worker process.
-    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < 300, run.kills
+    # Each killed job came back through its replacement's re-read, before XAUTOCLAIM (stale_after: 5 s
+    # of idle time) could have taken it: the slot's name reached the worker process. (A bound far from
+    # the restart's ~0.1 s, so that a loaded machine does not fail it.)
+    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < sc.stale_after * 1000, run.kills
     assert c.consumers == 0
 
 
