@@ -64,7 +64,7 @@ footer{margin-top:28px;color:var(--muted);font-size:12px}
 .band.failover rect{fill:#f6d88a}.band.network rect{fill:#9ecae1;fill-opacity:.45;stroke:#3182bd}
 .band.network.elsewhere rect{fill-opacity:.12;stroke-dasharray:4 3}
 .band-label{fill:#1f5f8b;font-size:11px}
-.event line{stroke:#6b7280;stroke-dasharray:3 3}.event text{fill:#4b5563;font-size:10.5px}
+.event line{stroke:#6b7280;stroke-dasharray:3 3}.event text,.event-label{fill:#4b5563;font-size:10.5px}
 .recovery path{stroke:#1a9850;stroke-width:1.6;fill:none}
 .recovery text{fill:#116b37;font-size:10.5px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px}
 .unrecovered circle{fill:#b00020}.unrecovered path{stroke:#fff;stroke-width:1.6}

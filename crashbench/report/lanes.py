@@ -22,9 +22,9 @@ FAULT_KIND = {"SIGKILL": "kill", "SIGTERM": "term", "SIGSTOP": "pause"}
 KIND_TEXT = {"done": "", "again": " (ran again)", "failed": " (raised)", "interrupted": " (killed inside)"}
 # Marks drawn as a vertical line across the lanes, with their label.
 EVENTS = {
-    "drain": "faults end", "replica_cut": "replica cut", "failover": "failover", "partition": "primary cut off",
-    "healed": "cut healed",
+    "drain": "faults end", "replica_cut": "replica cut", "failover": "failover", "healed": "cut healed",
 }  # fmt: skip
+EVENT_GAP = 70  # px: events closer than this share one label
 
 
 @dataclass(slots=True)
@@ -260,7 +260,7 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
     if f is not None:
         end = f.back_at if f.back_at is not None else scale.t1
         x0, x1 = scale.x(f.at), scale.x(end)
-        what = "broker killed" if f.kind == "kill" else f"broker {f.kind}"
+        what = {"kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
         back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
         out.append(
             f'<g class="band {esc(f.kind)}"><title>{esc(what)} at {f.at:.3f} s, {back} '
@@ -287,13 +287,22 @@ def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
                 f'width="{num(max(x1 - x0, 2))}" height="{num(y1 - y0)}"/></g>'
             )
         out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}{on}</text>')
+    # Events closer than EVENT_GAP share one label, at the first of them: there is one line of room above.
+    groups: list[list[tuple[float, str, float]]] = []
     for m in tl.marks:
         if m.what in EVENTS:
-            x = num(scale.x(m.t))
-            label = EVENTS[m.what]
-            out.append(f'<g class="event {m.what}"><title>{label} at {m.t:.3f} s</title>'
-                       f'<line x1="{x}" x2="{x}" y1="{num(y0 - 8)}" y2="{num(y1)}"/>'
-                       f'<text x="{x}" y="{num(y0 - 10)}" text-anchor="middle">{label}</text></g>')  # fmt: skip
+            x = scale.x(m.t)
+            if groups and x - groups[-1][0][0] < EVENT_GAP:
+                groups[-1].append((x, m.what, m.t))
+            else:
+                groups.append([(x, m.what, m.t)])
+    for group in groups:
+        for x, what, t in group:
+            out.append(f'<g class="event {what}"><title>{EVENTS[what]} at {t:.3f} s</title>'
+                       f'<line x1="{num(x)}" x2="{num(x)}" y1="{num(y0 - 8)}" y2="{num(y1)}"/></g>')  # fmt: skip
+        label = " · ".join(EVENTS[what] for _, what, _ in group)
+        out.append(f'<text class="event-label" x="{num(group[0][0])}" y="{num(y0 - 10)}" '
+                   f'text-anchor="middle">{label}</text>')  # fmt: skip
     return out
 
 
