@@ -326,7 +326,13 @@ def _git(*args: str) -> str | None:
 def environment(server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None) -> Environment:
     """Versions of everything that shaped the figures; the commit is crashbench's own checkout, if any."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    # Saved results are not code: a make target that clears its result directory first, then measures,
+    # is measuring the commit all the same.
+    status = (
+        _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")
+        if commit
+        else None
+    )
     return Environment(
         crashbench=__version__,
         python=platform.python_version(),
