@@ -94,6 +94,15 @@ def test_kills_timed_from_the_drain_hit_idle_workers_after_it(valkey_url: str, s
     assert [k.planned_at for k in later] == sorted(k.planned_at for k in later)
 
 
+def test_kills_timed_from_the_drain_are_not_made_when_it_gives_up(valkey_url: str, small: Scenario) -> None:
+    """A 1 s job and a 0.2 s drain window: the drain gives up (no handler started within it), so the
+    queue never drained and a kill timed from its drain is never due."""
+    entry = {"at": 0.1, "kill_when": "any", "after": "drained"}
+    sc = dataclasses.replace(small, jobs=4, job_ms=1000, workers=1, kills=0, drain_timeout=0.2, schedule=(entry,))
+    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    assert not run.timings.drained and run.kills == [] and [f.after for f in run.schedule] == ["drained"]
+
+
 def test_kills_on_the_clock_are_mid_job_only_when_the_victim_s_ledger_says_so(valkey_url: str, small: Scenario) -> None:
     """--kill-when any: a kill lands between jobs or inside one; mid-job is what the dead worker's ledger
     says (an execution it started and never ended), never an earlier look. naive loses every mid-job

@@ -15,7 +15,8 @@ A scenario describes its faults two ways, and a run may have both:
       kill_when = "mid-job"       # or "any"
       target = "tree"             # a library worker that is a process tree: tree, parent or child
       after = "start"             # or "drained": `at` counts from when the queue has drained (after
-                                  # every other fault); with kill_when = "any", as no job is left to be inside
+                                  # every other fault); with kill_when = "any", as no job is left to be inside;
+                                  # a run whose drain gives up never makes them
       pause = 1.0                 # SIGSTOP only
 
       [[faults]]

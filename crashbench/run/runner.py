@@ -225,7 +225,7 @@ class CrashRun:
                 lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S,
                 self.TICK,
             )  # fmt: skip
-            if not self.worker_faults.later:
+            if not self.worker_faults.later or not ended.drained:  # never drained: they are never due
                 break
             self.phase = "faults"
             self.worker_faults.fire_later(self._tick, self.TICK)
