@@ -44,7 +44,8 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 	  $(BIN)/crashbench recount latest --dir results/scenarios; done
 
 # The README's scale table: crash runs of 2,000 / 100,000 / 1,000,000 jobs, 3 rounds, then one of
-# 10,000,000 (about 25 minutes in all); figures in results/readme/scale/scale.json, runs in results/scale.
+# 10,000,000 (25 to 45 minutes in all, with the load); figures in results/readme/scale/scale.json,
+# runs in results/scale.
 bench-scale: $(STAMP)  ## the scale table: crashbench's own peak RSS, restart, counting, from 2,000 to 10,000,000 jobs
 	$(BIN)/python bench/scale.py --repeat 3 2000 100000 1000000
 	$(BIN)/python bench/scale.py --add 10000000

@@ -1,10 +1,15 @@
-"""The scale table (issue 16): one crash run per job count (reliable-batch, 0 ms jobs, 8 workers, 5
-mid-job SIGKILLs, on a private server), and what crashbench's own process costs at that size:
+"""The scale table (issue 16): one crash run per job count (bench/scale.toml: reliable-batch, 0 ms jobs,
+8 workers, 5 mid-job SIGKILLs from the start, 9 idle-worker SIGKILLs once the queue has drained, on a
+private server), and what crashbench's own process costs at that size:
 
     peak RSS      of the crashbench process itself (psutil, sampled every 20 ms; workers not included)
     per job       bytes of peak RSS per job above the smallest run's
-    restart       median SIGKILL -> replacement READY (the result's restart_ms_median)
-    replacement   median spawn -> READY of the replacements: the restart without the runner's part
+    restart       median SIGKILL -> replacement READY of the kills from the start: at 1M jobs and more
+                  they meet 8 busy workers on the machine, at fewer a queue that has drained already
+    replacement   median spawn -> READY of those replacements: the restart without the runner's part
+    drained       median SIGKILL -> replacement READY of the kills after the drain (after = "drained"):
+                  every job count at the same load, its whole job list and executions in memory
+                  (none, "-", if the run's drain gave up: they are not made then)
     counting      the saved timeline -> every count again (crashbench recount's work), seconds
     wall          the whole command, seconds
     counts        done / lost / duplicated / interrupted, and the evidence checks' problems (0: proven)
@@ -26,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,9 +39,11 @@ import psutil
 
 from crashbench.evidence import recount
 from crashbench.evidence.timeline import Timeline
+from crashbench.faults.records import KillRecord
 
 RUNS = Path("results/scale")
-ARGS = ["run", "--design", "reliable-batch", "--job-ms", "0", "--workers", "8", "--kills", "5", "--plain"]
+SCENARIO = Path(__file__).with_name("scale.toml")
+ARGS = ["run", "--scenario", "bench/scale.toml", "--design", "reliable-batch", "--kills", "5", "--plain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +60,17 @@ class Row:
     problems: int
     result: str
     start_ms: float | None = None  # median spawn -> READY of the replacements alone (the runner's part left out)
+    # The same two of the kills made once the queue had drained (rows measured before them: None)
+    drained_restart_ms: float | None = None
+    drained_start_ms: float | None = None
 
 
 def measure(jobs: int) -> Row:
     before = set(RUNS.glob("*.json"))
     started = time.monotonic()
+    args = [str(SCENARIO) if a == "bench/scale.toml" else a for a in ARGS]  # from any directory
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crashbench", *ARGS, "--jobs", str(jobs), "--out", str(RUNS)],
+        [sys.executable, "-m", "crashbench", *args, "--jobs", str(jobs), "--out", str(RUNS)],
         stdout=subprocess.DEVNULL,
     )
     me, peak = psutil.Process(proc.pid), 0
@@ -77,20 +89,35 @@ def measure(jobs: int) -> Row:
     differences = recount.recount(result, timelines)
     counting = time.monotonic() - counted
     assert all(not r.differences for r in differences), f"{path}: the counts do not recount"
-    run = result.runs[0]
+    run, tl = result.runs[0], timelines[0]
     c = run.counts
+    drained = {f.index for f in tl.planned if f.after == "drained"}
+    restart, start = restarts(tl, lambda k: k.index not in drained)
+    drained_restart, drained_start = restarts(tl, lambda k: k.index in drained)
     return Row(
-        jobs, peak, run.timings.restart_ms_median, round(counting, 3), round(wall, 2), c.done, c.lost,
-        c.duplicated, c.interrupted, len(run.problems), path.name, replacement_start(timelines[0]),
+        jobs, peak, restart, round(counting, 3), round(wall, 2), c.done, c.lost, c.duplicated, c.interrupted,
+        len(run.problems), path.name, start, drained_restart, drained_start,
     )  # fmt: skip
 
 
-def replacement_start(tl: Timeline) -> float | None:
-    """Median spawn -> READY of the workers that replaced killed ones: the restart without the
-    runner's own part (noticing the death, handing the slot over)."""
+def restarts(tl: Timeline, which: Callable[[KillRecord], bool]) -> tuple[float | None, float | None]:
+    """Of these kills: the median SIGKILL -> replacement READY (as a result's restart_ms_median counts
+    it), and the median spawn -> READY of the replacements, the restart without the runner's own part
+    (delivering the signal, handing the slot over), in ms."""
     spawned = {s.worker: s.t for s in tl.spawns}
-    starts = [tl.ready[k.replacement] - spawned[k.replacement] for k in tl.kills if k.replacement in tl.ready]
-    return round(statistics.median(starts) * 1000, 3) if starts else None
+    kills = [k for k in tl.kills if which(k) and k.replacement in tl.ready]
+    restart = [tl.ready[k.replacement] - k.at for k in kills]
+    start = [tl.ready[k.replacement] - spawned[k.replacement] for k in kills]
+    return _median_ms(restart), _median_ms(start)
+
+
+def _median_ms(seconds: list[float]) -> float | None:
+    return round(statistics.median(seconds) * 1000, 3) if seconds else None
+
+
+def _median_of(values: list[float | None], unit: str) -> str:
+    present = [v for v in values if v is not None]
+    return f"{statistics.median(present):.1f} {unit}" if present else "-"
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -101,20 +128,18 @@ def table(rows: list[Row]) -> list[str]:
     base = statistics.median([r.peak_rss for r in runs[sizes[0]]])
     out = [
         "| jobs | runs | peak RSS | per job above the smallest run | restart (median) | replacement start "
-        "| counting | wall | done | lost | problems |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| restart, queue drained | counting | wall | done | lost | problems |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n in sizes:
         rs = runs[n]
         rss = statistics.median([r.peak_rss for r in rs])
         per_job = f"{(rss - base) / (n - sizes[0]):.0f} B" if n > sizes[0] else "-"
-        restarts = [r.restart_ms for r in rs if r.restart_ms is not None]
-        restart = f"{statistics.median(restarts):.1f} ms" if restarts else "-"
-        starts = [r.start_ms for r in rs if r.start_ms is not None]
-        start = f"{statistics.median(starts):.1f} ms" if starts else "-"
+        restart, start = _median_of([r.restart_ms for r in rs], "ms"), _median_of([r.start_ms for r in rs], "ms")
+        drained = _median_of([r.drained_restart_ms for r in rs], "ms")
         counting, wall = statistics.median([r.counting_s for r in rs]), statistics.median([r.wall_s for r in rs])
         out.append(
-            f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} | {start} "
+            f"| {n:,} | {len(rs)} | {rss / 2**20:.0f} MB | {per_job} | {restart} | {start} | {drained} "
             f"| {counting:.2f} s | {wall:.1f} s "
             f"| {min(r.done for r in rs):,} | {max(r.lost for r in rs)} | {max(r.problems for r in rs)} |"
         )

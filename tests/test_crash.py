@@ -78,6 +78,31 @@ def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, sm
     assert run.counts.done == 600
 
 
+def test_kills_timed_from_the_drain_hit_idle_workers_after_it(valkey_url: str, small: Scenario) -> None:
+    """after = "drained": the entry's kills wait for the queue to drain, then hit idle workers, each
+    replacement's READY measured (the last one too); the mid-job kills from the start are as before."""
+    entry = {"at": 0.1, "count": 3, "every": 0.1, "kill_when": "any", "after": "drained"}
+    sc = dataclasses.replace(small, schedule=(entry,))
+    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    assert_evidence_agrees(run)
+    c = run.counts
+    assert (c.kills, c.kills_mid_job, c.done, c.lost, c.interrupted) == (8, 5, 600, 0, 5)
+    later = [k for k in run.kills if k.index >= 5]
+    last_end = max(ex.end for ex in run.timeline.executions if ex.end is not None)
+    assert len(later) == 3 and all(k.at > last_end and not k.mid_job for k in later)
+    assert all(k.replacement_ready_ms is not None for k in run.kills)
+    assert [k.planned_at for k in later] == sorted(k.planned_at for k in later)
+
+
+def test_kills_timed_from_the_drain_are_not_made_when_it_gives_up(valkey_url: str, small: Scenario) -> None:
+    """A 1 s job and a 0.2 s drain window: the drain gives up (no handler started within it), so the
+    queue never drained and a kill timed from its drain is never due."""
+    entry = {"at": 0.1, "kill_when": "any", "after": "drained"}
+    sc = dataclasses.replace(small, jobs=4, job_ms=1000, workers=1, kills=0, drain_timeout=0.2, schedule=(entry,))
+    run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
+    assert not run.timings.drained and run.kills == [] and [f.after for f in run.schedule] == ["drained"]
+
+
 def test_kills_on_the_clock_are_mid_job_only_when_the_victim_s_ledger_says_so(valkey_url: str, small: Scenario) -> None:
     """--kill-when any: a kill lands between jobs or inside one; mid-job is what the dead worker's ledger
     says (an execution it started and never ended), never an earlier look. naive loses every mid-job

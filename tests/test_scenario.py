@@ -307,6 +307,8 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
         ("every = -1", "every must be at least 0"),
         ('signal = "SIGNOPE"', "signal must be one of"),
         ('kill_when = "later"', "kill_when must be mid-job or any"),
+        ('after = "lunch"\nkill_when = "any"', "after must be start or drained, not 'lunch'"),
+        ('after = "drained"', 'after = "drained" needs kill_when = "any"'),
         ("downtime = 1", "unknown key 'downtime'"),
     ],
 )
@@ -314,6 +316,21 @@ def test_a_faults_entry_that_cannot_run_is_a_scenario_problem(entry: str, proble
     text = f"[workload]\nworkers = 3\n[[faults]]\n{entry}\n"
     with pytest.raises(ScenarioError, match=re.escape(problem)):
         scenario.parse(tomllib.loads(text), "bad.toml")
+
+
+def test_faults_timed_from_the_drain_come_after_every_other_fault(tmp_path: Path) -> None:
+    text = (
+        '[workload]\nworkers = 3\n[[faults]]\nat = 0.1\ncount = 2\nkill_when = "any"\nafter = "drained"\n'
+        "[[faults]]\nat = 1.0\n"
+    )
+    faults = plan(scenario.parse(tomllib.loads(text), "drained.toml"))
+    assert [(f.index, f.at, f.after) for f in faults] == [(0, 1.0, "start"), (1, 0.1, "drained"), (2, 0.6, "drained")]
+    # On the command line, before anything starts: exit 2, the entry's problem, no traceback.
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('kill_when = "any"\n', ""))
+    cp = crashbench_here("run", "--scenario", str(bad), tmp_path=tmp_path)
+    assert cp.returncode == 2 and 'after = "drained" needs kill_when = "any"' in cp.stderr, cp.stderr
+    assert "Traceback" not in cp.stderr
 
 
 def test_a_network_entry_plans_its_toxic_on_its_slots() -> None:

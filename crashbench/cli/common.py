@@ -24,7 +24,8 @@ from crashbench.evidence import recount
 from crashbench.report import export, store
 from crashbench.report.render import progress_line, result_table
 from crashbench.report.results import Result
-from crashbench.run.runner import Progress, StopFlag
+from crashbench.run.progress import Progress
+from crashbench.run.runner import StopFlag
 from crashbench.run.session import Options
 from crashbench.run.workload import DISTRIBUTIONS
 from crashbench.scenario import (

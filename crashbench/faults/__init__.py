@@ -14,6 +14,9 @@ A scenario describes its faults two ways, and a run may have both:
       slot = 2                    # the victim's worker slot (by default, seeded)
       kill_when = "mid-job"       # or "any"
       target = "tree"             # a library worker that is a process tree: tree, parent or child
+      after = "start"             # or "drained": `at` counts from when the queue has drained (after
+                                  # every other fault); with kill_when = "any", as no job is left to be inside;
+                                  # a run whose drain gives up never makes them
       pause = 1.0                 # SIGSTOP only
 
       [[faults]]
@@ -55,7 +58,8 @@ from crashbench.faults.records import Fault as Fault  # re-exported
 if TYPE_CHECKING:
     from crashbench.scenario import Scenario
 
-WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause")
+WORKER_KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause", "after")
+AFTER = ("start", "drained")  # what a worker entry's `at` counts from
 TOXIC_ATTRIBUTES = (
     "latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout", "probability",
 )  # fmt: skip
@@ -92,13 +96,16 @@ def plan(scenario: Scenario) -> list[Fault]:
             out.append(
                 Fault(len(out), round(float(entry.get("at", 0.5)) + n * every, 6), slot, signal=signal,
                       kill_when=entry.get("kill_when", "mid-job"), target=entry.get("target", "tree"),
-                      duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0)
+                      duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0,
+                      after=entry.get("after", "start"))
             )  # fmt: skip
     if sc.fault != "none":
         kind = {"kill": "broker-kill"}.get(sc.fault, sc.fault)
         downtime = sc.downtime if kind in ("broker-kill", "cluster-kill", "cluster-partition") else 0.0
         out.append(Fault(len(out), sc.fault_at, -1, kind, duration=downtime))
-    return [dataclasses.replace(f, index=i) for i, f in enumerate(sorted(out, key=lambda f: f.at))]
+    # Faults timed from the drain come after every other, whatever their `at`.
+    ordered = sorted(out, key=lambda f: (f.after == "drained", f.at))
+    return [dataclasses.replace(f, index=i) for i, f in enumerate(ordered)]
 
 
 def _network(entry: dict[str, Any], index: int, workers: int, rng: random.Random) -> Fault:
@@ -197,6 +204,11 @@ def entry_problems(entry: dict[str, Any], n: int, workers: int, signals: tuple[s
         p.append(f"{where}: kill_when must be mid-job or any, not {entry.get('kill_when')!r}")
     if entry.get("target", "tree") not in ("tree", "parent", "child"):
         p.append(f"{where}: target must be tree, parent or child, not {entry.get('target')!r}")
+    after = entry.get("after", "start")
+    if after not in AFTER:
+        p.append(f"{where}: after must be start or drained, not {after!r}")
+    elif after == "drained" and entry.get("kill_when", "mid-job") != "any":
+        p.append(f'{where}: after = "drained" needs kill_when = "any": a drained queue has no job left to be inside')
     return p
 
 

@@ -11,6 +11,7 @@ every process the signal hit is gone.
 from __future__ import annotations
 
 import signal
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -41,7 +42,9 @@ class WorkerFaults:
         own_worker: bool,  # the design's worker is a library's process tree (kill targets apply)
         longest_job_s: float,
     ) -> None:
-        self.queue = deque(f for f in planned if f.on_worker)
+        self.queue = deque(f for f in planned if f.on_worker and f.after != "drained")
+        self.later = deque(f for f in planned if f.on_worker and f.after == "drained")  # fire_later's
+        self.since = 0.0  # the queue's times count from t0 + since (the drain's end, for `later`)
         self.sup, self.ledger, self.clock = sup, ledger, clock
         self.own_worker = own_worker
         # If no job reaches the victim (the queue ran dry), it is hit anyway after a while, counted
@@ -56,6 +59,19 @@ class WorkerFaults:
     def done(self) -> bool:
         return not self.queue
 
+    @property
+    def total(self) -> int:
+        return len(self.records) + len(self.queue) + len(self.later)
+
+    def fire_later(self, tick: Callable[[], None], period: float) -> None:
+        """The faults timed from the queue's drain (after = "drained"), fired from now on: the runner
+        calls this once its queue has drained, and `tick` between steps as its fault loop does."""
+        self.queue, self.later = self.later, deque()
+        self.since = self.clock() - self.t0
+        while self.queue:
+            tick()
+            time.sleep(period / 10 if self.step(self.clock()) else period)
+
     def thaw_due(self, now: float) -> None:
         for name, (resume_at, w) in list(self.paused.items()):
             if now >= resume_at:
@@ -69,7 +85,7 @@ class WorkerFaults:
         if not self.queue:
             return False
         fault = self.queue[0]
-        due = self.t0 + fault.at
+        due = self.t0 + self.since + fault.at
         victim = self.sup.slots[fault.slot]
         ready = self.ledger.ready_at(victim.name)
         if now < due or ready is None or victim.name in self.paused:
@@ -117,8 +133,8 @@ class WorkerFaults:
                 opened = self._killed_inside(victim, child if target == "child" else 0)
                 inside = opened[-1] if opened else None
         return KillRecord(
-            index=fault.index, planned_at=fault.at, at=rel(at, self.t0), slot=fault.slot, worker=victim.name,
-            pid=victim.pid, signal=fault.signal, target=target, mid_job=inside is not None,
+            index=fault.index, planned_at=round(self.since + fault.at, 6), at=rel(at, self.t0), slot=fault.slot,
+            worker=victim.name, pid=victim.pid, signal=fault.signal, target=target, mid_job=inside is not None,
             job=inside.job if inside else None, jobs=[ex.job for ex in opened], waited_ms=round((at - due) * 1000, 3),
             replacement=replacement.name if replacement else None,
         )  # fmt: skip

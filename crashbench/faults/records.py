@@ -27,6 +27,8 @@ class Fault:
     duration: float = 0.0  # a pause's (SIGSTOP), a broker or cluster kill's downtime, a network fault's; 0: no end
     slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.faults.proxy)
     toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
+    # "drained": `at` counts from the queue's drain (its restarts then meet an idle machine at any job count)
+    after: str = "start"
 
     @property
     def end(self) -> float | None:

@@ -16,7 +16,7 @@ from crashbench.faults.records import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.report.results import label as label_of
 from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail
-from crashbench.run.runner import Progress
+from crashbench.run.progress import Progress
 from crashbench.scenario.thresholds import coverage
 
 IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all

@@ -6,6 +6,10 @@ handler has started for `window` seconds (the queue is stuck, or waits on a reco
 than the window): a slow queue that still makes progress is not cut off, a stuck one is not waited
 on forever. At most 10 windows after the last fault, whatever happens: a drain that hits that bound
 while handlers still start is `cut_off`, its backlog undrained rather than stranded.
+
+A run with faults timed from the drain (crashbench.faults: after = "drained") drains twice, before
+those faults and after them; the second drain's outcome is the run's. If the first gives up, those
+faults are never made (they would meet a busy queue), and its outcome is the run's.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
@@ -36,6 +35,7 @@ from crashbench.run import connect, lease, workdirs
 from crashbench.run.drain import drain
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
+from crashbench.run.progress import Progress
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor
 from crashbench.run.worker import DOWN, WorkerSpec, run_worker
@@ -44,18 +44,6 @@ from crashbench.scenario import Scenario
 
 Clock = Callable[[], float]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    design: str
-    phase: str  # "starting" | "faults" | "draining" | "counting"
-    enqueued: int
-    done: int
-    kills: int
-    kills_total: int
-    alive: int
-    elapsed: float
 
 
 class CrashRun:
@@ -223,13 +211,21 @@ class CrashRun:
         self._fire_faults(ids)
         faults_end = self.clock()
 
-        self.phase = "draining"
-        self.marks.append((self.clock(), "drain", -1))
-        ended = drain(
-            self._tick, self.clock, lambda: len(self.ledger.executions),
-            lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
-            lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S, self.TICK,
-        )  # fmt: skip
+        while True:  # a second round when faults are timed from the drain (crashbench.faults: after)
+            self.phase = "draining"
+            self.marks.append((self.clock(), "drain", -1))
+            ended = drain(
+                self._tick, self.clock, lambda: len(self.ledger.executions),
+                lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
+                lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S,
+                self.TICK,
+            )  # fmt: skip
+            if not self.worker_faults.later or not ended.drained:  # never drained: they are never due
+                break
+            self.phase = "faults"
+            self.worker_faults.fire_later(self._tick, self.TICK)
+            self._wait_ready()  # the last replacement's READY: its restart is measured too
+            faults_end = self.clock()
         drained_at = self.clock()
         self._sample_depth(drained_at, whole=True)  # the depth chart ends on a reading, not one held over
 
@@ -265,8 +261,8 @@ class CrashRun:
             return
         self._next_progress = now + 0.1
         wf = self.worker_faults
-        self.progress(Progress(self.spec, self.phase, self.sc.jobs, self.ledger.done, len(wf.records),
-                               len(wf.records) + len(wf.queue), len(self.sup.alive()), now - self.t0))  # fmt: skip
+        self.progress(Progress(self.spec, self.phase, self.sc.jobs, self.ledger.done, len(wf.records), wf.total,
+                               len(self.sup.alive()), now - self.t0))  # fmt: skip
 
     def _collect_exits(self) -> None:
         for w in self.sup.reap():

@@ -23,9 +23,10 @@ from crashbench.faults.cluster import cluster_broker
 from crashbench.report.results import Result, environment, new_id, now_iso, summarize
 from crashbench.run import workdirs
 from crashbench.run.interpreter import WorkerPython
+from crashbench.run.progress import Progress
 from crashbench.run.provision import open_server
 from crashbench.run.redact import redact_text, scrub_exception
-from crashbench.run.runner import CrashRun, Progress, StopFlag
+from crashbench.run.runner import CrashRun, StopFlag
 from crashbench.run.server import cleanup_keys
 from crashbench.scenario import SWEEPABLE, Scenario
 from crashbench.scenario.thresholds import Threshold, check_all, check_targets, count_evaluated
