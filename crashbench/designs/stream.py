@@ -43,40 +43,54 @@ from crashbench.designs import Design, DesignSettings, Entry, Job, QueueState
 
 GROUP = "workers"
 
+# A Lua function for the scripts that give a pending entry back (the claim here, stream-reuse's re-read).
+# KEYS: stream, dead, requeued, stats. An entry delivered once too often (its failed attempts, from its
+# fields, plus its deliveries, from the PEL) is dead-lettered: nil; else its requeue is counted and its
+# attempt returned.
+REDELIVER = """
+local function redeliver(group, eid, fields, max_attempts)
+  local job, failed = '', 0
+  for i = 1, #fields, 2 do
+    if fields[i] == 'id' then job = fields[i + 1] end
+    if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
+  end
+  local deliveries = redis.call('XPENDING', KEYS[1], group, eid, eid, 1)[1][4]
+  if failed + deliveries > tonumber(max_attempts) then
+    redis.call('XACK', KEYS[1], group, eid)
+    redis.call('LPUSH', KEYS[2], job)
+    redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
+    return nil
+  end
+  redis.call('SADD', KEYS[3], job)
+  redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
+  return failed + deliveries
+end
+"""
+
 # KEYS: stream, dead, requeued, stats
 # ARGV: group, consumer, min_idle_ms, count, max_attempts
 # Returns {entry id, fields, attempt} for each entry claimed and not dead-lettered. Deleted (trimmed)
 # entries are counted, never returned: res[3] on Redis >= 7 (already out of the PEL), nil fields on 6.2.
-CLAIM = """
+CLAIM = (
+    REDELIVER
+    + """
 local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
 local trimmed = res[3] and #res[3] or 0
 for _, entry in ipairs(res[2]) do
   local eid, fields = entry[1], entry[2]
-  local job, failed = '', 0
   if not fields then  -- Lua 5.1 has no continue: the rest is the else branch
     redis.call('XACK', KEYS[1], ARGV[1], eid)
     trimmed = trimmed + 1
   else
-    for i = 1, #fields, 2 do
-      if fields[i] == 'id' then job = fields[i + 1] end
-      if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
-    end
-    local deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)[1][4]
-    if failed + deliveries > tonumber(ARGV[5]) then
-      redis.call('XACK', KEYS[1], ARGV[1], eid)
-      redis.call('LPUSH', KEYS[2], job)
-      redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
-    else
-      redis.call('SADD', KEYS[3], job)
-      redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
-      table.insert(out, {eid, fields, failed + deliveries})
-    end
+    local attempt = redeliver(ARGV[1], eid, fields, ARGV[5])
+    if attempt then table.insert(out, {eid, fields, attempt}) end
   end
 end
 if trimmed > 0 then redis.call('HINCRBY', KEYS[4], 'trimmed', trimmed) end
 return out
 """
+)
 
 # KEYS: stream, delayed, dead, poisoned, stats
 # ARGV: group, consumer, entry id, job JSON with attempts already counted, due time, max_attempts

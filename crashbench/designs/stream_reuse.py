@@ -33,14 +33,16 @@ import redis
 
 from crashbench.designs import DesignSettings, Job
 from crashbench.designs.kinds import SLOT_ENV
-from crashbench.designs.stream import GROUP, StreamQueue
+from crashbench.designs.stream import GROUP, REDELIVER, StreamQueue
 
 # KEYS: stream, dead, requeued, stats
 # ARGV: group, consumer, max_attempts
 # The consumer's oldest pending entry, delivered to it again: {entry id, fields, attempt}; {} when it has
 # none left. Entries past max_attempts are dead-lettered on the way, and entries whose data is gone
 # (trimmed, deleted) acknowledged: there is no job left to run.
-DRAIN = """
+DRAIN = (
+    REDELIVER
+    + """
 while true do
   local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '0')
   local entry = res[1][2][1]
@@ -49,24 +51,12 @@ while true do
   if not fields then
     redis.call('XACK', KEYS[1], ARGV[1], eid)
   else
-    local job, failed = '', 0
-    for i = 1, #fields, 2 do
-      if fields[i] == 'id' then job = fields[i + 1] end
-      if fields[i] == 'attempts' then failed = tonumber(fields[i + 1]) end
-    end
-    local deliveries = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)[1][4]
-    if failed + deliveries > tonumber(ARGV[3]) then
-      redis.call('XACK', KEYS[1], ARGV[1], eid)
-      redis.call('LPUSH', KEYS[2], job)
-      redis.call('HINCRBY', KEYS[4], 'dead_lettered', 1)
-    else
-      redis.call('SADD', KEYS[3], job)
-      redis.call('HINCRBY', KEYS[4], 'requeue_events', 1)
-      return {eid, fields, failed + deliveries}
-    end
+    local attempt = redeliver(ARGV[1], eid, fields, ARGV[3])
+    if attempt then return {eid, fields, attempt} end
   end
 end
 """
+)
 
 
 class StreamReuseQueue(StreamQueue):
