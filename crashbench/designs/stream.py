@@ -234,14 +234,9 @@ class StreamQueue(Design):
         self.r.xclaim(self.key("stream"), GROUP, worker, 0, [job.receipt], justid=True)
 
     def stop_worker(self, worker: str, now: float) -> None:
-        # Leave the group tidy, but never drop a pending entry: DELCONSUMER would discard its PEL.
-        try:
-            pending = self.r.xpending_range(self.key("stream"), GROUP, min="-", max="+", count=1, consumername=worker)
-        except redis.ResponseError as exc:  # a server that came back empty has no group (and no PEL) yet
-            self._regroup(exc)
-            return
-        if not pending:
-            self.r.xgroup_delconsumer(self.key("stream"), GROUP, worker)
+        # Leave the group tidy, but never drop a pending entry (DELCONSUMER would discard its PEL): look
+        # and delete in one script, so that nothing can be delivered to the name in between.
+        self.prune_consumers(0, only=worker)
 
     def recover(self, now: float) -> None:
         # Crash recovery runs in the consumers (XAUTOCLAIM); the harness's timer moves due retries.

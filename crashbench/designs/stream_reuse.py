@@ -102,6 +102,5 @@ class StreamReuseQueue(StreamQueue):
         super().heartbeat(self.consumer(worker), job, now)
 
     def stop_worker(self, worker: str, now: float) -> None:
-        # Another live process may share the name: look and delete in one script, or a delivery to it
-        # in between would be dropped with the consumer's PEL (stream's look-then-delete is two calls).
-        self.prune_consumers(0, only=self.consumer(worker))
+        # Another live process may share the name: stream's delete holds back only if it holds nothing.
+        super().stop_worker(self.consumer(worker), now)
