@@ -137,8 +137,8 @@ class ClusterBroker:
             _call(self.primary, "CLIENT", "UNPAUSE")
 
     def last_word(self, read: Callable[[redis.Redis], Located]) -> set[str]:
-        """The cut-off primary's writes paused (until it follows the promoted replica: `unpause`) and
-        what it holds, read as it stands."""
+        """The cut-off primary's writes paused (until it follows the promoted replica: `resume_primary`)
+        and what it holds, read as it stands."""
         _call(self.primary, "CLIENT", "PAUSE", PAUSE_MS, "WRITE")
         _call(self.primary, "CONFIG", "SET", "cluster-allow-reads-when-down", "yes")
         reader = redis.Redis(host="127.0.0.1", port=self.primary.port, socket_timeout=10)
@@ -147,6 +147,10 @@ class ClusterBroker:
         finally:
             reader.close()
             _call(self.primary, "CONFIG", "SET", "cluster-allow-reads-when-down", "no")
+
+    def resume_primary(self) -> None:
+        """The old primary's clients go on (a no-op where the watcher let them go already)."""
+        _call(self.primary, "CLIENT", "UNPAUSE")
 
     def mend(self) -> None:
         self.cluster.mend()
@@ -327,7 +331,7 @@ class ClusterFaults:
             self._heal()
         if self._rejoining and self.broker.rejoined():
             self._rejoining = False
-            self.broker.unpause()  # a cut-off primary's clients, now told MOVED
+            self.broker.resume_primary()  # a cut-off primary's clients, now told MOVED
             assert self.record is not None
             self.record.rejoined_at = rel(self.clock(), self.t0)
             self.mark(self.clock(), "rejoined")
