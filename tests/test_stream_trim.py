@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from crashbench.designs import DesignSettings, Job, Located, StreamEnd
@@ -159,3 +160,14 @@ def test_the_readme_trimming_tables_are_what_their_result_files_give() -> None:
     readme = (root / "README.md").read_text()
     assert len(rows) == 7 + 8 + 6 and all(row in readme for row in rows)
     assert "| 250 | 0.125x | 250 | 1,750 | 1,750 | 300 | 1,700 | 1,700 | 0 |" in rows
+
+
+def test_an_enqueue_that_returns_anything_but_one_receipt_per_job_is_refused() -> None:
+    from crashbench.designs import receipts
+    from crashbench.errors import RunAborted
+
+    assert receipts(None, ["a", "b"], "d") is None
+    assert receipts(["1-0", "2-0"], ["a", "b"], "d") == ("1-0", "2-0")
+    for wrong in (["1-0"], ["1-0", 2], 3, "1-0"):
+        with pytest.raises(RunAborted, match="d: enqueue must return None or one receipt string per job"):
+            receipts(wrong, ["a", "b"], "d")
