@@ -203,3 +203,23 @@ def test_a_baseline_that_cannot_be_found_is_named(passing: Path) -> None:
     out = invoke("recount", str(path))
     assert out.exit_code == ExitCode.INCONCLUSIVE, out.output
     assert "baseline: 20250101-000000-gone is neither beside the result nor in results/" in folded(out.output)
+
+
+def test_a_relative_threshold_is_computed_again_against_the_baseline_beside_the_result(passing: Path) -> None:
+    """A result checked against a baseline (here the README's result, beside it) lists the baseline's
+    value of each relative threshold: reproduced as saved, and an edited one fires."""
+    result = store.load(str(passing))
+    for r, tl in zip(result.runs, recount.timelines_of(passing, result), strict=True):
+        r.timeline = tl
+    result.id = "20990101-000000-relative"
+    evaluate(result, [parse("jobs_per_s >= -10%")], store.load(str(passing)))
+    path = result.write(passing.parent / f"{result.id}.json")
+    out = invoke("recount", str(path))
+    assert out.exit_code == ExitCode.OK and "verdict: reproduced" in out.output, out.output
+
+    def rebased(data: dict[str, Any]) -> None:
+        threshold(data, "stream", "jobs_per_s >= -10%")["baseline"] = 1.0
+
+    out = invoke("recount", str(edited(path, "rebased", rebased)))
+    assert out.exit_code == ExitCode.INCONCLUSIVE, out.output
+    assert "(stream: jobs_per_s >= -10%).baseline: saved 1.0, recomputed" in folded(out.output)

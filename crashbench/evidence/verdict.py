@@ -12,8 +12,9 @@ status edited to match is not seen), and a relative threshold is only as good as
 Results saved by an older crashbench are read the way their runs are (`compatible`): a field their
 file does not have is not compared; a count their summary lacks reads as the count's default, as a
 count their runs lack does; the default thresholds (undrained == 0, ...), which results saved before
-them do not list, are left out of the listing of such a file, but not out of its status. A verdict
-that today's rules give differently is a difference, never adjusted away.
+them do not list, are left out of the listing of such a file, but not out of its status. The status
+is compared as the file states it and as its listed thresholds give it (what show and the gate act
+on). A verdict that today's rules give differently is a difference, never adjusted away.
 """
 
 from __future__ import annotations
