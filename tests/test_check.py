@@ -13,7 +13,8 @@ import pytest
 
 from crashbench.errors import ExitCode
 from crashbench.evidence.counts import Problem
-from crashbench.report.results import DesignRun
+from crashbench.report.results import DesignRun, summarize
+from crashbench.run.session import evaluate
 from crashbench.scenario import Scenario
 from tests.test_cli import SMALL, assert_clean_error, crashbench, crashbench_here
 from tests.test_export import SCENARIO, result, run
@@ -174,10 +175,17 @@ def test_ci_examples_check_against_a_baseline_this_crashbench_reads(tmp_path: Pa
 # --- the gate on hand-built results: check --results FILE, nothing runs ------------------------------
 
 
-def saved_result(tmp_path: Path, runs: list[DesignRun], expect: dict[str, list[str]] | None = None) -> Path:
-    """A result file as a run would have saved it, thresholds not yet evaluated (check does that)."""
+def saved_result(
+    tmp_path: Path, runs: list[DesignRun], expect: dict[str, list[str]] | None = None, evaluated: bool = True
+) -> Path:
+    """A result file as a run would have saved it: its summary, its thresholds evaluated (show and
+    check --results compute them again, and a file that does not say what they give is not passed).
+    Not `evaluated`: thresholds no run could have evaluated (one naming a design not in it)."""
     res = result(runs, [])
     res.scenario = Scenario.from_dict({**SCENARIO, "expect": expect or {}}).to_dict()
+    res.summary = summarize(runs)
+    if evaluated:
+        evaluate(res, [], None)
     return res.write(tmp_path / "hand-built.json")
 
 
@@ -260,7 +268,7 @@ def test_check_a_threshold_for_a_design_not_in_the_saved_result_is_a_usage_error
     path = saved_result(tmp_path, [run("naive"), run("reliable")], expect={"reliable": ["lost == 0"]})
     cp = check_file(path, "-t", "relable: lost=0", tmp_path=tmp_path)
     assert_clean_error(cp, ExitCode.USAGE, "relable: lost == 0", "designs: naive, reliable")
-    typo = saved_result(tmp_path, [run("reliable")], expect={"relable": ["lost == 0"]})
+    typo = saved_result(tmp_path, [run("reliable")], expect={"relable": ["lost == 0"]}, evaluated=False)
     assert_clean_error(check_file(typo, tmp_path=tmp_path), ExitCode.USAGE, "[expect.relable]")
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from crashbench.designs import DesignSettings, Located, QueueState
 from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
 from crashbench.evidence.ledger import Execution
+from crashbench.report import store
+from crashbench.report.results import SCHEMA
 from crashbench.run.workload import Workload, job_ids
 
 
@@ -168,9 +171,22 @@ def test_library_disagrees_names_failures_of_completed_jobs_and_successes_never_
 
 def test_every_saved_result_with_a_timeline_recounts_to_what_the_code_of_its_day_saved() -> None:
     """The README's result files were counted by the code of their day (before the counts moved to
-    columns and job codes): counting their timelines again today gives every count, timing and id."""
+    columns and job codes): counting their timelines again today gives every count, timing and id,
+    and computing their verdict again from those gives their status, thresholds and summary."""
     saved = [p for p in sorted(Path("results/readme").rglob("*.json")) if p.with_suffix(".timeline.jsonl.gz").exists()]
     assert len(saved) >= 10
     for path in saved:
-        again = recount.recount(*recount.load(str(path)))
-        assert again and all(not r.differences for r in again), path
+        found = recount.verify(path, store.load(str(path)), path.parent)
+        assert found.runs and found.reproduced, (path, [r.differences for r in found.runs], found.verdict)
+
+
+def test_every_saved_result_without_a_timeline_has_the_verdict_its_saved_runs_give() -> None:
+    """The older ones, saved before timelines (and the CI example's baseline, before summaries and
+    the default thresholds): their counts cannot be recounted, their verdict is computed again."""
+    saved = [*sorted(Path("results/readme").rglob("*.json")), Path("examples/ci/baseline.json")]
+    files = {p: json.loads(p.read_text()) for p in saved}
+    bare = [p for p, data in files.items() if data.get("schema") == SCHEMA and not data.get("timeline")]
+    assert len(bare) >= 30
+    for path in bare:
+        found = recount.verify(path, store.load(str(path)), path.parent, need_timeline=False)
+        assert found.unrecounted and found.reproduced, (path, found.verdict)

@@ -274,11 +274,18 @@ def cluster_option(opts: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def load_result(ref: str, store_dir: Path, opts: dict[str, Any]) -> Result:
-    """A saved result, with its runs' timelines when an export draws them (--html, --markdown's chart)."""
+    """A saved result, recounted from its timeline and its verdict computed again: what differs is an
+    evidence problem of it (status broken, exit 4), so neither show nor check --results passes an
+    edited file. With its runs' timelines when an export draws them (--html, --markdown's chart)."""
     path = store.resolve(ref, store_dir)
     result = store.load(str(path))
+    found = recount.verify(path, result, store_dir, need_timeline=False)
+    recount.mark(result, found)
+    if found.unrecounted:
+        err.print(f"[dim]{escape(found.unrecounted)}[/]", highlight=False, soft_wrap=True)
     if (opts.get("html_path") or opts.get("markdown")) and result.timeline:
-        for run, tl in zip(result.runs, recount.timelines_of(path, result), strict=True):
+        timelines = [r.recounted.timeline for r in found.runs if r.recounted is not None]
+        for run, tl in zip(result.runs, timelines or recount.timelines_of(path, result), strict=True):
             run.timeline = tl
     return result
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from crashbench.errors import CrashbenchError, ExitCode, Interrupted
+from crashbench.evidence.recount import NOT_REPRODUCED, VERDICT_NOT_REPRODUCED
 from crashbench.report.results import Result
 from crashbench.report.results import label as label_of
 from crashbench.scenario.thresholds import unchecked
@@ -39,11 +40,15 @@ def explain(result: Result, err: Console, allow_unchecked: bool) -> None:
     """On stderr: every evidence problem with all its ids (the table shows the first ten), and the
     designs a gate that does not allow it found unchecked."""
     if result.problems:
-        err.print(
-            "[bold red]crashbench: no verdict:[/] the evidence contradicts the counts "
-            "(crashbench or the design's report is wrong)",
-            highlight=False,
+        # A saved result its own record does not reproduce (crashbench.evidence.recount): the file, not
+        # the design or crashbench, is what is wrong.
+        edited = {p.check for p in result.problems} <= {NOT_REPRODUCED, VERDICT_NOT_REPRODUCED}
+        why = (
+            "the saved result is not what its own record gives (edited, or not saved whole)"
+            if edited
+            else "the evidence contradicts the counts (crashbench or the design's report is wrong)"
         )
+        err.print(f"[bold red]crashbench: no verdict:[/] {why}", highlight=False)
         for run in result.runs:
             for p in run.problems:
                 ids = f"\n      ids: {', '.join(p.ids)}" if p.ids else ""

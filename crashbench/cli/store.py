@@ -120,26 +120,39 @@ def replay(ref: str, index: int, store_dir: Path, **opts: Any) -> None:
 @click.option("--plain", is_flag=True, help="No colours.")
 @base.reports_errors
 def recount(ref: str, store_dir: Path, plain: bool) -> None:
-    """Compute every count of a saved result again from its timeline alone (the file beside it) and
-    compare: exit 0 when each run is reproduced exactly, 4 when anything differs."""
+    """Compute every count of a saved result again from its timeline alone (the file beside it), and
+    its verdict (status, every threshold result, the summary) from those counts, and compare: exit 0
+    when each run and the verdict are reproduced exactly, 4 when anything differs."""
     base.configure_output({"plain": plain})
-    result, timelines = recounting.load(ref, store_dir)
-    runs = recounting.recount(result, timelines)
-    for r in runs:
+    path = store.resolve(ref, store_dir)
+    result = store.load(str(path))
+    found = recounting.verify(path, result, store_dir)
+    for r in found.runs:
         if not r.differences:
             base.out.print(f"run {r.index} {escape(r.design)}: [green]reproduced[/] (every count, timing and id)")
             continue
-        base.out.print(f"run {r.index} {escape(r.design)}: [bold red]{len(r.differences)} difference(s)[/]")
-        for line in r.differences[:20]:
-            base.out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
-        if len(r.differences) > 20:
-            base.out.print(f"  ... and {len(r.differences) - 20} more")
-    bad = [r for r in runs if r.differences]
-    if bad:
+        differences(f"run {r.index} {escape(r.design)}", r.differences)
+    if not found.verdict:
+        what = f"status {result.status}, {len(result.thresholds)} threshold result(s), the summary"
+        base.out.print(f"verdict: [green]reproduced[/] ({escape(what)})")
+    else:
+        differences("verdict", found.verdict)
+    bad = [r for r in found.runs if r.differences]
+    if bad or found.verdict:
+        parts = [f"{len(bad)} of {len(found.runs)} run(s)"] if bad else []
+        parts += ["the verdict"] if found.verdict else []
         raise RecountMismatch(
-            f"{len(bad)} of {len(runs)} run(s) of {result.id} differ from their timeline",
-            hint="the timeline is not the record these counts came from: edited, or not saved whole",
+            f"{result.id}: {' and '.join(parts)} not reproduced from its timeline",
+            hint="the timeline is not the record this result came from: edited, or not saved whole",
         )
+
+
+def differences(what: str, lines: list[str]) -> None:
+    base.out.print(f"{what}: [bold red]{len(lines)} difference(s)[/]")
+    for line in lines[:20]:
+        base.out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    if len(lines) > 20:
+        base.out.print(f"  ... and {len(lines) - 20} more")
 
 
 @base.cli.command()

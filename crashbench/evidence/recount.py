@@ -1,7 +1,10 @@
 """`crashbench recount`: every count of a saved result computed again from its timeline alone, and
 compared with what the result says. The result was computed from the same timeline when it was
 measured (crashbench.evidence.tally), so any difference means the saved timeline is not the record the counts
-came from: a field lost or changed on its way to disk, or a file edited since."""
+came from: a field lost or changed on its way to disk, or a file edited since. The verdict (status,
+threshold results, summary) is computed again from the recounted runs and compared too
+(crashbench.evidence.verdict), and so is the scenario the result carries against the one each run's
+timeline recorded: the verdict is evaluated from its [expect] tables."""
 
 from __future__ import annotations
 
@@ -11,16 +14,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crashbench.errors import UsageError
-from crashbench.evidence import tally
+from crashbench.errors import CrashbenchError, UsageError
+from crashbench.evidence import tally, verdict
+from crashbench.evidence.counts import Problem
 from crashbench.evidence.timeline import Timeline, TimelineError, read
 from crashbench.report import store
 from crashbench.report.results import DesignRun, Result, jsonable
+from crashbench.run.session import replay_scenario
+from crashbench.scenario import Scenario
+from crashbench.scenario.thresholds import ThresholdSyntaxError
 
-# What recount compares: everything computed from the timeline. Not `workdir` (where the evidence sat
-# when it was measured) nor `thresholds_evaluated` (the CI gate's, not the timeline's).
-COMPARED = ("counts", "timings", "kills", "jobs", "duplicates", "problems", "total_queue", "broker_fault",
-            "worker_exits", "network_faults", "schedule", "configuration", "warnings", "consumers")  # fmt: skip
+# What recount compares: everything computed from the timeline, and which run it is (its label is what
+# thresholds apply to). Not `workdir` (where the evidence sat when it was measured) nor
+# `thresholds_evaluated` (the CI gate's: crashbench.evidence.verdict compares it).
+COMPARED = ("design", "variant", "seed", "repeat", "counts", "timings", "kills", "jobs", "duplicates", "problems",
+            "total_queue", "broker_fault", "worker_exits", "network_faults", "schedule", "configuration", "warnings",
+            "consumers")  # fmt: skip
+# The checks a result that does not reproduce fails, when show and check --results read it.
+NOT_REPRODUCED = "not_reproduced"
+VERDICT_NOT_REPRODUCED = "verdict_not_reproduced"
+SHOWN = 3  # differences a problem's message names; crashbench recount lists them all
 
 
 @dataclass(slots=True)
@@ -85,10 +98,79 @@ def differences(saved: DesignRun, recounted: DesignRun) -> list[str]:
     ]
 
 
+def scenario_differences(result: Result, tl: Timeline) -> list[str]:
+    """The scenario the result carries, as run `tl.index` ran it (its seed, its sweep value), against
+    the one the run's timeline recorded: thresholds are evaluated from the result's."""
+    try:
+        mine = replay_scenario(result, tl.index).to_dict()
+        theirs = Scenario.from_dict(tl.scenario).to_dict()
+    except (CrashbenchError, ThresholdSyntaxError, TypeError, ValueError) as exc:
+        return [f"scenario: cannot be read again: {getattr(exc, 'message', exc)}"]
+    return [
+        f"scenario.{k}: saved {mine.get(k, '(none)')!r}, timeline {theirs.get(k, '(none)')!r}"
+        for k in sorted(mine.keys() | theirs.keys())
+        if mine.get(k) != theirs.get(k)
+    ]
+
+
 def recount(result: Result, timelines: list[Timeline]) -> list[RunRecount]:
     out = []
     for tl, saved in zip(timelines, result.runs, strict=True):
         again = tally.design_run(tl)
         out.append(RunRecount(tl.index, saved.design + (f" {saved.variant}" if saved.variant else ""),
-                              differences(saved, again), again))  # fmt: skip
+                              differences(saved, again) + scenario_differences(result, tl), again))  # fmt: skip
     return out
+
+
+@dataclass(slots=True)
+class Verification:
+    """A saved result against its own record: each run recounted (none when it has no timeline to
+    recount), and its verdict computed again from those runs, else from its saved ones."""
+
+    runs: list[RunRecount]
+    verdict: list[str]  # "status: saved 'pass', recomputed 'fail'"
+    unrecounted: str = ""  # why the counts were not recounted: the verdict was checked against them as saved
+
+    @property
+    def reproduced(self) -> bool:
+        return not self.verdict and not any(r.differences for r in self.runs)
+
+
+def verify(path: Path, result: Result, store_dir: Path, *, need_timeline: bool = True) -> Verification:
+    """Recount the result saved at `path` and compute its verdict again. Without `need_timeline`
+    (show, check --results), a result without a readable timeline has its verdict checked against
+    its saved runs, and `unrecounted` says why; with it (recount), that is a UsageError."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: cannot read it ({exc})") from None
+    try:
+        runs = recount(result, timelines_of(path, result))
+    except UsageError as exc:
+        if need_timeline:
+            raise
+        saved = [dataclasses.replace(r) for r in result.runs]  # evaluate sets their thresholds_evaluated
+        why = f"counts not recounted: {exc.message.removeprefix(f'{path}: ')}"
+        return Verification([], verdict.check(path, raw, result, saved, store_dir), why)
+    again = [r.recounted for r in runs if r.recounted is not None]
+    return Verification(runs, verdict.check(path, raw, result, again, store_dir))
+
+
+def mark(result: Result, found: Verification) -> None:
+    """Each difference as an evidence problem of the result (so its status is broken, exit 4, and
+    every report of it says why): a run's on that run, the verdict's on the first run."""
+
+    def problem(check: str, what: str, lines: list[str]) -> Problem:
+        more = f" (and {len(lines) - SHOWN} more: crashbench recount lists them)" if len(lines) > SHOWN else ""
+        return Problem(check, f"{what}: {'; '.join(lines[:SHOWN])}{more}")
+
+    for r in found.runs:
+        if r.differences:
+            result.runs[r.index].problems.append(
+                problem(NOT_REPRODUCED, "the saved run is not what its timeline gives", r.differences)
+            )
+    if found.verdict and result.runs:
+        source = "its recounted runs" if found.runs else "its saved runs"
+        result.runs[0].problems.append(
+            problem(VERDICT_NOT_REPRODUCED, f"the saved verdict is not what {source} give", found.verdict)
+        )
