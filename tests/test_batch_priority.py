@@ -34,7 +34,7 @@ class LastJobsHigh(PriorityQueue):
 
     def enqueue(self, jobs: Sequence[Job], priority: Priority | None = None) -> None:
         marked = [
-            Job(j.id, json.dumps({**json.loads(j.payload), "priority": "high"})) if int(j.id) >= HIGH_FROM else j
+            Job(j.id, json.dumps({**json.loads(j.payload), "priority": "high"})) if json.loads(j.payload)["n"] >= HIGH_FROM else j
             for j in jobs
         ]
         super().enqueue(marked, priority)
