@@ -102,6 +102,7 @@ class QueueState:
     def canonical(self) -> QueueState:
         """The same report with every id as crashbench spells it (the run's token stripped: crashbench.jobids)."""
         c = canonical
+
         def ids(s: set[str]) -> set[str]:
             return {c(j) if isinstance(j, str) else j for j in s}
 

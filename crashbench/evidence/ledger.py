@@ -262,7 +262,7 @@ class Ledger:
         if self._done.add(c):
             self.done += 1
 
-    def completed(self, job: str) -> bool:
+    def has_completed(self, job: str) -> bool:
         """Whether a handler of `job` completed, by the records read so far."""
         c = jobids.known(job)
         return c is not None and self._done.has(c)

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import redis
 
+from crashbench import jobids
 from crashbench.designs import Design, Located, Receipts, library_settings, load_design, receipts, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, keyspace, tally
@@ -32,7 +33,6 @@ from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.cluster import ClusterBroker, ClusterFaults
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
-from crashbench import jobids
 from crashbench.jobids import JobIds
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import connect, lease, workdirs
@@ -381,7 +381,7 @@ class CrashRun:
         pool = getattr(self.raw, "connection_pool", None)  # a cluster client has none, and database 0 only
         run_db = int(pool.connection_kwargs.get("db", 0) or 0) if pool is not None else 0
         found = keyspace.search(self.design, Needle(self.token), self._snapshot, self.scope, url, run_db)
-        located, problems = keyspace.reconcile(located, found, self.ledger.completed)
+        located, problems = keyspace.reconcile(located, found, self.ledger.has_completed)
         self.inspect_s += time.perf_counter() - started
         return located, problems
 
