@@ -68,7 +68,8 @@ class Scope:
             dbs = [int(kw.get("db", 0) or 0)]
             if self.started:
                 try:
-                    dbs = range(int(node.config_get("databases").get(b"databases", b"1")))
+                    got = {_text(k): v for k, v in node.config_get("databases").items()}
+                    dbs = range(int(got.get("databases", 1)))
                 except redis.ResponseError:  # a cluster node: database 0 only
                     dbs = [0]
             node.close()
@@ -83,6 +84,10 @@ class Scope:
         """The key names in scope now, before the design's setup writes anything."""
         for label, client in self.clients():
             self.before[label] = set(client.scan_iter(count=1000))
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
 
 
 @dataclass(slots=True)
@@ -101,13 +106,14 @@ class Findings:
 
 
 def _classify(design: Design, name: str) -> tuple[str, str]:
-    """(class, where) of a key the design's patterns cover."""
-    rel = design.relative(name)
+    """(class, where) of a key the design's patterns cover: its class as the design declares it (through
+    its own `relative`), its place by its real name (without the run's prefix), which no design renames."""
+    rel, where = design.relative(name), name.removeprefix(design.prefix)
     if matches(rel, design.BOOKKEEPING):
-        return "bookkeeping", rel
+        return "bookkeeping", where
     if matches(rel, design.DEAD_LETTERS):
-        return "dead", rel
-    return ("delayed" if matches(rel, design.DELAYED) else "held"), rel
+        return "dead", where
+    return ("delayed" if matches(rel, design.DELAYED) else "held"), where
 
 
 def _entries(key: StoredKey) -> Iterator[tuple[str, bytes, bytes | None]]:
@@ -170,10 +176,10 @@ def search(design: Design, needle: Needle, snapshot: Snapshot, scope: Scope, url
     found = Findings()
     own_locate = type(design).locate is not Design.locate
     for key in snapshot.keys.values():
-        cls, rel = _classify(design, key.name)
-        search_key(needle, key, cls, rel, found)
+        cls, where = _classify(design, key.name)
+        search_key(needle, key, cls, where, found)
         if not own_locate and cls != "bookkeeping":
-            _job_of_check(design, needle, key, rel, found)
+            _job_of_check(design, needle, key, design.relative(key.name), found)
     inside = [design.prefix + "*", spread_pattern(design.prefix)]
     harness = alive_key(namespace(design.prefix)).encode()
     for label, client in scope.clients(url):
