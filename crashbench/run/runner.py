@@ -381,7 +381,8 @@ class CrashRun:
         pool = getattr(self.raw, "connection_pool", None)  # a cluster client has none, and database 0 only
         run_db = int(pool.connection_kwargs.get("db", 0) or 0) if pool is not None else 0
         found = keyspace.search(self.design, Needle(self.token), self._snapshot, self.scope, url, run_db)
-        located, problems = keyspace.reconcile(located, found, self.ledger.has_completed)
+        per_entry = type(self.design).locate is Design.locate
+        located, problems = keyspace.reconcile(located, found, self.ledger.has_completed, per_entry)
         self.inspect_s += time.perf_counter() - started
         return located, problems
 
