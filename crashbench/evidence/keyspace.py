@@ -35,7 +35,7 @@ from crashbench.designs import Design, Located, matches
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.inspector import Snapshot, StoredKey, key_pieces, types
 from crashbench.evidence.search import Needle
-from crashbench.run.connect import primaries, spread_pattern
+from crashbench.run.connect import is_cluster, primaries, spread_pattern
 from crashbench.run.lease import alive_key, namespace
 
 CAP = 100  # ids and keys named per problem
@@ -65,12 +65,9 @@ class Scope:
             cls, kw = node.connection_pool.connection_class, node.connection_pool.connection_kwargs
             host = f"{kw.get('host', '')}:{kw.get('port', '')}"
             dbs = [int(kw.get("db", 0) or 0)]
-            if self.started:
-                try:
-                    got = {_text(k): v for k, v in node.config_get("databases").items()}
-                    dbs = range(int(got.get("databases", 1)))
-                except redis.ResponseError:  # a cluster node: database 0 only
-                    dbs = [0]
+            if self.started and not is_cluster(url or self.url):  # a cluster has database 0 only
+                got = {_text(k): v for k, v in node.config_get("databases").items()}
+                dbs = range(int(got.get("databases", 1)))
             node.close()
             for db in dbs:
                 pool = redis.ConnectionPool(connection_class=cls, **{**kw, "db": db})
