@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from pathlib import Path
 
 import pytest
+from conftest import assert_recounts
 
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
@@ -47,8 +49,12 @@ def test_a_job_put_where_the_design_does_not_look_is_stranded_there_and_named(
     assert place in found[check] or check == "job_of_disagrees", found[check]  # the problem names the key
 
 
-def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_named(small: Scenario) -> None:
-    run = run_designs(small, ["designs_hiding:OtherDatabase"], Options()).runs[0]
+def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_named(
+    small: Scenario, tmp_path: Path
+) -> None:
+    result = run_designs(small, ["designs_hiding:OtherDatabase"], Options())
+    assert_recounts(result, tmp_path)  # the timeline keeps the search's findings: recount gives them again
+    run = result.runs[0]
     c = run.counts
     assert (c.lost, c.stranded) == (0, ASIDE)
     found = problems(run)

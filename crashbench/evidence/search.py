@@ -73,12 +73,14 @@ def _decodings(data: bytes, at: int) -> Iterator[bytes]:
     start, end = at, at
     while start > 0 and data[start - 1] in _B64:
         start -= 1
-    while end < len(data) and data[end] in _B64:
+    while end < len(data) and (data[end] in _B64 or data[end] == 61):  # 61: "=", the padding
         end += 1
     run = data[start:end].translate(_URLSAFE)
     for skip in range(4):
-        body = run[skip:]
-        body = body[: len(body) - len(body) % 4]
+        body = run[skip:].rstrip(b"=")
+        if len(body) % 4 == 1:  # a character too many for any group: the run ends with a stray one
+            body = body[:-1]
+        body += b"=" * (-len(body) % 4)
         try:
             yield base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError):
