@@ -63,7 +63,8 @@ def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_na
 
 def test_honest_designs_raise_no_reading_problem_under_kills(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kills=3)
-    result = run_designs(sc, ["reliable", "stream", "reliable-batch", "priority"], Options(redis_url=valkey_url))
+    designs = ["reliable", "stream", "reliable-batch", "priority", "stream-reuse", "sharded"]
+    result = run_designs(sc, designs, Options(redis_url=valkey_url))
     for run in result.runs:
         assert problems(run) == {}, (run.design, run.problems)
         assert run.counts.lost == 0 and run.counts.stranded == 0

@@ -82,6 +82,7 @@ class CrashRun:
         self.token = jobids.token()
         jobids.register(self.token)
         self.jobs_for = functools.partial(jobs_for, token=self.token)
+        self.needle = Needle(self.token)
         self.variant = variant
         self.index = index
         self.repeat = repeat
@@ -293,7 +294,7 @@ class CrashRun:
     def _sample_depth(self, now: float, whole: bool = False) -> None:
         def begin() -> depth.Reader:
             inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
-            return depth.Reader(self.design, self.raw, inside)
+            return depth.Reader(self.design, self.raw, inside, self.needle)
 
         spent = self._tolerant(lambda: self.sampler.step(now, self.t0, begin, whole), None)
         if spent is None:
@@ -380,7 +381,7 @@ class CrashRun:
         url = self.broker.url if self.broker is not None else self.url
         pool = getattr(self.raw, "connection_pool", None)  # a cluster client has none, and database 0 only
         run_db = int(pool.connection_kwargs.get("db", 0) or 0) if pool is not None else 0
-        found = keyspace.search(self.design, Needle(self.token), self._snapshot, self.scope, url, run_db)
+        found = keyspace.search(self.design, self.needle, self._snapshot, self.scope, url, run_db)
         per_entry = type(self.design).locate is Design.locate
         located, problems = keyspace.reconcile(located, found, self.ledger.has_completed, per_entry)
         self.inspect_s += time.perf_counter() - started
