@@ -4,6 +4,12 @@ A run's ids are its job numbers written with at least six digits ("000042"; cras
 Such an id's code is its number; any other id (a test's "a", an id no enqueue made) gets a negative
 code from a table of this process, so that every id has exactly one code and one spelling back.
 
+On the wire, a run's ids carry the run's token (`token()`: "cb", ten random base-32 characters, and a
+"-", so "cbq7k2x9m4tz-000042"): a string that cannot occur by chance, which the harness searches every
+stored byte for (crashbench.evidence.search) without asking the design how it stores its jobs. The
+token is registered in the harness's process (`register`), where it is stripped on the way in: inside
+crashbench a job is its number, and every record, result and timeline spells it without the token.
+
 `JobIds` is a run's ids (or an enqueue's): a range of codes when they are consecutive job numbers,
 as they are when crashbench enqueues them, otherwise an array of codes (8 bytes per id). It reads as
 a sequence of the id strings, and answers `in` without a set.
@@ -11,16 +17,67 @@ a sequence of the id strings, and answers `in` without a set.
 
 from __future__ import annotations
 
+import secrets
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
 _names: list[str] = []  # code -1 - i <-> _names[i]: the ids that are not job numbers
 _codes: dict[str, int] = {}
+_tokens: set[str] = set()  # the tokens of this process's runs: stripped from an id on the way in
+
+TOKEN_HEAD = "cb"
+TOKEN_LEN = 13  # "cb" + 10 base-32 characters + "-"
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+def token() -> str:
+    """A new run token: "cb", ten random characters of [a-z2-7] (50 bits), and "-"."""
+    return TOKEN_HEAD + "".join(secrets.choice(_ALPHABET) for _ in range(10)) + "-"
+
+
+def is_token(text: str) -> bool:
+    return (
+        len(text) == TOKEN_LEN and text.startswith(TOKEN_HEAD) and text[-1] == "-"
+        and all(c in _ALPHABET for c in text[2:-1])
+    )  # fmt: skip
+
+
+def register(run_token: str) -> None:
+    """Strip `run_token` from the ids this process reads from now on (the harness's, for its run)."""
+    if not is_token(run_token):
+        raise ValueError(f"not a run token: {run_token!r}")
+    _tokens.add(run_token)
+
+
+def wire(job: str, run_token: str) -> str:
+    """The id as the queue sees it: the run's token, then the id."""
+    return run_token + job
+
+
+def plain(job: str) -> str:
+    """The id without any run token's look (a worker's process knows no token, and a job's workload is
+    drawn from its plain id, so that every run of a seed agrees)."""
+    if len(job) > TOKEN_LEN and job.startswith(TOKEN_HEAD) and is_token(job[:TOKEN_LEN]):
+        return job[TOKEN_LEN:]
+    return job
+
+
+def _strip(job: str) -> str:
+    if _tokens and len(job) > TOKEN_LEN and job[:TOKEN_LEN] in _tokens:
+        return job[TOKEN_LEN:]
+    return job
+
+
+def canonical(job: str) -> str:
+    """The id as crashbench spells it: a registered token stripped (another run's id keeps its token)."""
+    return _strip(job)
 
 
 def _number(job: str) -> int | None:
-    """The job number a canonical id spells (six digits, or more without a leading 0), else None."""
+    """The job number a canonical id spells (six digits, or more without a leading 0), else None; a
+    registered run token before it is stripped."""
+    job = _strip(job)
     if job.isascii() and job.isdigit() and (len(job) == 6 or (len(job) > 6 and job[0] != "0")):
         return int(job)
     return None
@@ -30,6 +87,7 @@ def code(job: str) -> int:
     """The id's code: its number for a canonical job number, else a negative code of its own."""
     if (n := _number(job)) is not None:
         return n
+    job = _strip(job)
     found = _codes.get(job)
     if found is None:
         _names.append(job)
@@ -45,7 +103,7 @@ def name(c: int) -> str:
 def known(job: str) -> int | None:
     """The id's code, without giving a new one to an id never seen (None then)."""
     n = _number(job)
-    return n if n is not None else _codes.get(job)
+    return n if n is not None else _codes.get(_strip(job))
 
 
 class JobIds(Sequence[str]):
@@ -137,6 +195,9 @@ class Marks:
     def __init__(self) -> None:
         self.numbers = bytearray()
         self.others: set[int] = set()
+
+    def has(self, c: int) -> bool:
+        return (0 <= c < len(self.numbers) and self.numbers[c] == 1) or c in self.others
 
     def add(self, c: int) -> bool:
         marks = self.numbers

@@ -33,10 +33,8 @@ class LastJobsHigh(PriorityQueue):
     """The runner marks no job high; this producer marks the last ones, through the payload."""
 
     def enqueue(self, jobs: Sequence[Job], priority: Priority | None = None) -> None:
-        marked = [
-            Job(j.id, json.dumps({**json.loads(j.payload), "priority": "high"})) if int(j.id) >= HIGH_FROM else j
-            for j in jobs
-        ]
+        high = lambda j: json.loads(j.payload)["n"] >= HIGH_FROM  # noqa: E731 - the id is opaque: the payload's number
+        marked = [Job(j.id, json.dumps({**json.loads(j.payload), "priority": "high"})) if high(j) else j for j in jobs]
         super().enqueue(marked, priority)
 
 

@@ -7,9 +7,11 @@ import json
 import pytest
 import redis
 
+from crashbench import jobids
 from crashbench.designs import DesignSettings
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.evidence import depth, inspector
+from crashbench.evidence.search import Needle
 
 
 def test_every_key_type_is_read_and_only_the_run_s_keys(client: redis.Redis, valkey_url: str) -> None:
@@ -58,29 +60,37 @@ def test_a_design_locates_its_jobs_by_its_own_key_roles(client: redis.Redis, val
     assert located.delayed == {"000003"} and located.dead == {"000004": ["dead"]}
 
 
+@pytest.mark.parametrize("by_token", [False, True])
 def test_the_depth_read_in_pieces_counts_what_the_whole_reading_does(
-    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
+    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch, by_token: bool
 ) -> None:
     """The depth chart's reading, a key at a time and PIECE entries at a time (so a million waiting jobs
-    cost a byte each), against the whole reading it stands for: the same pending, delayed and dead."""
+    cost a byte each), against the whole reading it stands for: the same pending, delayed and dead;
+    counted through `locate`, and (a run's ids carrying its token) by the harness's search."""
     monkeypatch.setattr(depth.Reader, "PIECE", 7)  # every key below spans several pieces
-    q = ReliableQueue(client, "insp:4:", DesignSettings())
+    prefix = f"insp:4{'t' if by_token else ''}:"
+    q = ReliableQueue(client, prefix, DesignSettings())
+    token = jobids.token() if by_token else ""
+    if by_token:
+        jobids.register(token)
+    needle = Needle(token) if by_token else None
 
     def entry(i: int, attempts: int = 0) -> str:
-        return json.dumps({"id": f"{i:06d}", "payload": "", "attempts": attempts})
+        return json.dumps({"id": f"{token}{i:06d}", "payload": "", "attempts": attempts})
 
-    client.rpush("insp:4:pending", *[entry(i) for i in range(40)])
-    client.rpush("insp:4:processing:w1", entry(40), entry(41))
-    client.zadd("insp:4:delayed", {entry(i, 1): float(i) for i in range(50, 65)})
-    client.rpush("insp:4:dead", *[entry(i, 3) for i in range(70, 80)])
-    client.rpush("insp:4:parked", entry(3))  # a job in two places counts once
+    client.rpush(prefix + "pending", *[entry(i) for i in range(40)])
+    client.rpush(prefix + "processing:w1", entry(40), entry(41))
+    client.zadd(prefix + "delayed", {entry(i, 1): float(i) for i in range(50, 65)})
+    client.rpush(prefix + "dead", *[entry(i, 3) for i in range(70, 80)])
+    client.rpush(prefix + "parked", entry(3))  # a job in two places counts once
+    client.sadd(prefix + "requeued", f"{token}000045")  # bookkeeping: no job
     raw = inspector.raw_client(valkey_url)
     inside = {"000040"}
     whole = q.locate(inspector.take(raw, q.key_patterns()))
     expected = (
         sum(1 for j in whole.held if j not in whole.delayed and j not in inside), len(whole.delayed), len(whole.dead)
     )  # fmt: skip
-    found = depth.Reader(q, raw, inside).step()
+    found = depth.Reader(q, raw, inside, needle).step()
     assert found is not None
     assert (found.pending, found.delayed, found.dead) == expected == (41, 15, 10)
     # A list comes 7 entries at a time (ZSCAN's COUNT is a hint: a small sorted set comes whole).

@@ -109,10 +109,10 @@ def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not removed:
             for key in client.scan_iter("crashbench:*reliable:pending"):
-                if client.llen(key) >= 500:
-                    for j in victims:
-                        raw = json.dumps({"id": j, "payload": f'{{"n": {int(j)}}}', "attempts": 0})
-                        removed.append(client.lrem(key, 1, raw))
+                if client.llen(key) >= 500:  # the ids carry the run's token: found by the payload's number
+                    for raw in client.lrange(key, 0, -1):
+                        if f"{json.loads(json.loads(raw)['payload'])['n']:06d}" in victims:
+                            removed.append(client.lrem(key, 1, raw))
             time.sleep(0.001)
 
     thread = threading.Thread(target=delete)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench import jobids
 from crashbench.designs import DesignSettings, Job, Located, StreamEnd
 from crashbench.designs.stream import GROUP, StreamQueue
 from crashbench.evidence import trim
@@ -74,10 +75,13 @@ def test_a_bound_below_the_backlog_loses_exactly_the_oldest_unread_jobs(valkey_u
 def test_approximate_trimming_loses_what_the_server_trims_for_the_same_xadds(valkey_url: str) -> None:
     sc = dataclasses.replace(TRIMMED, jobs=1050, stream_maxlen=300, stream_trim="approximate")
     run = run_designs(sc, ["stream"], Options(redis_url=valkey_url)).runs[0]
-    # The same XADDs on a scratch stream of the same server: what MAXLEN ~ 300 leaves of 1,050 entries.
+    # The same XADDs on a scratch stream of the same server: what MAXLEN ~ 300 leaves of 1,050 entries
+    # (ids as long as the run's, token included: MAXLEN ~ trims whole nodes, and a node's size is in bytes too).
     client = redis.Redis.from_url(valkey_url, decode_responses=True)
+    token = jobids.token()
     try:
-        StreamQueue(client, "test:trim4:", sc.settings()).enqueue([Job(j, f'{{"n": {int(j)}}}') for j in job_ids(1050)])
+        jobs = [Job(token + j, f'{{"n": {int(j)}}}') for j in job_ids(1050)]
+        StreamQueue(client, "test:trim4:", sc.settings()).enqueue(jobs)
         kept = client.xlen("test:trim4:stream")
     finally:
         client.close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashbench.errors import RunAborted
+from crashbench.jobids import canonical
 
 OBSERVE_DEFAULT = 30.0  # seconds; the built-in designs recover within stale_after + recover_every
 OBSERVE_CAP = 300.0  # a library documenting an hour is still given at most this much unless asked
@@ -97,3 +98,15 @@ class QueueState:
     poisoned: set[str] = field(default_factory=set)  # dead-lettered because the handler kept failing
     requeued: set[str] = field(default_factory=set)  # ids recovery gave back at least once
     requeue_events: int = 0  # how many times recovery gave a job back, in all
+
+    def canonical(self) -> QueueState:
+        """The same report with every id as crashbench spells it (the run's token stripped: crashbench.jobids)."""
+        c = canonical
+
+        def ids(s: set[str]) -> set[str]:
+            return {c(j) if isinstance(j, str) else j for j in s}
+
+        held = {c(j) if isinstance(j, str) else j: w for j, w in self.held.items()}
+        return QueueState(
+            held, ids(self.dead_lettered), ids(self.failed), ids(self.poisoned), ids(self.requeued), self.requeue_events
+        )

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from crashbench.evidence.inspector import Consumer, StoredKey, entry_id
+from crashbench.jobids import canonical
 
 Entry = bytes | dict[bytes, bytes]  # a stored member / value, or a stream entry's fields
 
@@ -50,7 +51,9 @@ class Located:
     consumers: list[Consumer] = field(default_factory=list)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
-        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded"."""
+        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded". The
+        id as the queue stores it: the run's token is stripped here (crashbench.jobids)."""
+        job = canonical(job)
         if kind == "dead":
             self.dead.setdefault(job, []).append(where)
         elif kind == "failed":

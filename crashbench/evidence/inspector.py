@@ -103,20 +103,33 @@ def pieces(client: redis.Redis, patterns: Sequence[str], chunk: int = CHUNK) -> 
     with the backlog (a million waiting jobs). A stream comes whole: its groups and entries belong
     together."""
     for name, text, kind in _listing(client, patterns):
-        if kind == "list":
-            for start in range(0, client.llen(name), chunk):
-                yield StoredKey(text, kind, items=client.lrange(name, start, start + chunk - 1))
-        elif kind in ("set", "zset", "hash"):
-            scan = {"set": client.sscan, "zset": client.zscan, "hash": client.hscan}[kind]
-            cursor: int | None = None
-            while cursor != 0:
-                cursor, got = scan(name, cursor or 0, count=chunk)
-                if kind == "hash":
-                    yield StoredKey(text, kind, fields=got)
-                else:
-                    yield StoredKey(text, kind, items=[m for m, _ in got] if kind == "zset" else list(got))
-        else:
-            yield _read(client, name, text, kind)
+        yield from key_pieces(client, name, text, kind, chunk)
+
+
+def key_pieces(client: redis.Redis, name: bytes, text: str, kind: str, chunk: int = CHUNK) -> Iterator[StoredKey]:
+    """One key read as `pieces` reads it: a list, set, sorted set or hash `chunk` entries at a time."""
+    if kind == "list":
+        for start in range(0, client.llen(name), chunk):
+            yield StoredKey(text, kind, items=client.lrange(name, start, start + chunk - 1))
+    elif kind in ("set", "zset", "hash"):
+        scan = {"set": client.sscan, "zset": client.zscan, "hash": client.hscan}[kind]
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, got = scan(name, cursor or 0, count=chunk)
+            if kind == "hash":
+                yield StoredKey(text, kind, fields=got)
+            else:
+                yield StoredKey(text, kind, items=[m for m, _ in got] if kind == "zset" else list(got))
+    else:
+        yield _read(client, name, text, kind)
+
+
+def types(client: redis.Redis, names: Sequence[bytes]) -> list[str]:
+    """Each key's type, in one pipeline ("none": gone since it was listed)."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.type(name)
+    return [t.decode() if isinstance(t, bytes) else str(t) for t in pipe.execute()] if names else []
 
 
 def _listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, str, str]]:
@@ -129,11 +142,7 @@ def _listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, 
                 seen.add(name)
                 names.append(name)
     names.sort()  # SCAN's order is arbitrary; a reading should not be
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.type(name)
-    types = [t.decode() if isinstance(t, bytes) else str(t) for t in pipe.execute()] if names else []
-    return [(name, name.decode(errors="replace"), kind) for name, kind in zip(names, types, strict=True)]
+    return [(name, name.decode(errors="replace"), kind) for name, kind in zip(names, types(client, names), strict=True)]
 
 
 def _read(r: redis.Redis, name: bytes, text: str, kind: str) -> StoredKey:

@@ -262,6 +262,11 @@ class Ledger:
         if self._done.add(c):
             self.done += 1
 
+    def has_completed(self, job: str) -> bool:
+        """Whether a handler of `job` completed, by the records read so far."""
+        c = jobids.known(job)
+        return c is not None and self._done.has(c)
+
     def abandon(self, worker: str, pid: int) -> None:
         """Process `pid` of `worker` is dead (a fault killed it while its worker lives on): its open
         executions stay interrupted for good, no longer make the worker look busy, and a later process

@@ -111,6 +111,7 @@ def design_run(tl: Timeline) -> DesignRun:
             indeterminate=tl.indeterminate if produced else None,
         )
     )  # fmt: skip
+    problems += tl.reading_problems  # where the harness's search and the design's reading disagreed
     c, classes = counting.count(
         ids,
         tl.executions,

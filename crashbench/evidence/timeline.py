@@ -26,7 +26,9 @@ result follow each other, each opened by its `run` line:
     held_after_promotion  a cluster fault: the ids the promoted replica held as it was promoted (ditto)
     located    the harness's final reading of Redis (with "streams": each stream's first entry, last
                generated id and pending entries whose data is gone, when it read a stream; and the
-               streams' consumers)
+               streams' consumers), corrected by its own search for the run's token
+               (crashbench.evidence.keyspace)
+    reading_problem  where that search and the design's reading disagreed: check, message, ids
     state      the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
 
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crashbench.designs import Located, QueueState, Receipts, StreamEnd
+from crashbench.evidence.counts import Problem
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.ledger import LedgerProblem
@@ -135,6 +138,7 @@ class Timeline:
     held_at_fault: list[str] = field(default_factory=list)
     held_after_promotion: list[str] = field(default_factory=list)  # a cluster fault: the promoted replica's reading
     located: Located = field(default_factory=Located)
+    reading_problems: list[Problem] = field(default_factory=list)  # crashbench.evidence.keyspace
     state: QueueState = field(default_factory=QueueState)
     faults_end: float = 0.0
     drained_at: float = 0.0
@@ -217,6 +221,8 @@ class Timeline:
             "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded), **streams,
             "consumers": [asdict(c) for c in loc.consumers],
         }  # fmt: skip
+        for p in self.reading_problems:
+            yield {"e": "reading_problem", **asdict(p)}
         st = self.state
         yield {
             "e": "state", "held": st.held, "dead_lettered": sorted(st.dead_lettered), "failed": sorted(st.failed),
@@ -343,6 +349,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
             d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]), streams=streams,
             consumers=[Consumer(**c) for c in d.get("consumers", [])],  # since the consumers were read
         )  # fmt: skip
+    elif e == "reading_problem":
+        tl.reading_problems.append(Problem(**d))
     elif e == "state":
         tl.state = QueueState(
             d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),

@@ -12,6 +12,7 @@ whatever happened.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import time
@@ -20,10 +21,13 @@ from typing import TypeVar
 
 import redis
 
+from crashbench import jobids
 from crashbench.designs import Design, Located, Receipts, library_settings, load_design, receipts, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
-from crashbench.evidence import depth, inspector, tally
+from crashbench.evidence import depth, inspector, keyspace, tally
+from crashbench.evidence.counts import Problem
 from crashbench.evidence.ledger import Ledger
+from crashbench.evidence.search import Needle
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan
 from crashbench.faults.broker import Broker, Producer, Through
@@ -73,6 +77,12 @@ class CrashRun:
         self.design_cls: type[Design] = load_design(design_spec)
         # The run id in braces is a hash tag: on a Redis Cluster, all of a session's keys share its slot.
         self.prefix = f"crashbench:{{{run_id}}}:{index}-{safe_name(design_spec)}:"
+        # Every id this run enqueues carries its token, which the final reading searches every stored byte
+        # for (crashbench.evidence.search); this process strips it again on the way in.
+        self.token = jobids.token()
+        jobids.register(self.token)
+        self.jobs_for = functools.partial(jobs_for, token=self.token)
+        self.needle = Needle(self.token)
         self.variant = variant
         self.index = index
         self.repeat = repeat
@@ -93,6 +103,8 @@ class CrashRun:
         self.raw = connect.reader(redis_url, self.prefix, self.design_cls.spread, decode_responses=False)
         ns, spread = lease.namespace(self.prefix), self.design_cls.spread
         self.lease = lease.Lease(redis_url, ns, expire=not keep_dir, spread=spread) if external else None
+        # Everything the run could write: the whole server when crashbench started it (crashbench.evidence.keyspace).
+        self.scope = keyspace.Scope(self.url, started=not external)
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
         self.window = scenario.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
@@ -140,6 +152,7 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
+        self._snapshot = inspector.Snapshot({})  # the last reading of the design's keys
         self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.sampler = depth.Sampler()  # the harness's readings of the queue's depth (the timeline)
@@ -191,6 +204,7 @@ class CrashRun:
         # Before the job list exists: workers are forked from a process that never holds it, so a
         # restart costs the same at any job count (crashbench.run.zygote).
         self.sup.start_zygote()
+        self.scope.take_before()
         self.design.setup()
         ids = job_ids(self.sc.jobs)
         if not self.producing:
@@ -200,7 +214,7 @@ class CrashRun:
                 if self.stop.raised:
                     raise Interrupted("interrupted while enqueueing: nothing left running")
                 chunk, t = ids[start : start + 1000], self.clock()  # a stream's receipts tell a trimmed entry
-                self.enqueues.append((t, chunk, receipts(self.design.enqueue(jobs_for(chunk)), chunk, self.spec)))
+                self.enqueues.append((t, chunk, receipts(self.design.enqueue(self.jobs_for(chunk)), chunk, self.spec)))
         self.t0 = self.clock()
         self.started = time.time()
         for slot in range(self.sc.workers):
@@ -280,7 +294,7 @@ class CrashRun:
     def _sample_depth(self, now: float, whole: bool = False) -> None:
         def begin() -> depth.Reader:
             inside = {ex.job for w in self.sup.alive() for ex in self.ledger.open_in(w.name)}
-            return depth.Reader(self.design, self.raw, inside)
+            return depth.Reader(self.design, self.raw, inside, self.needle)
 
         spent = self._tolerant(lambda: self.sampler.step(now, self.t0, begin, whole), None)
         if spent is None:
@@ -306,7 +320,7 @@ class CrashRun:
         if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
             through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
         producer = self.producer = (
-            Producer(ids, jobs_for, self.sc.produce_s, self.t0, through) if self.producing else None
+            Producer(ids, self.jobs_for, self.sc.produce_s, self.t0, through) if self.producing else None
         )
         if self.net.proxy is not None or self.net.partitions is not None:
             sync = self.broker.sync_replica if self.broker is not None else None
@@ -355,14 +369,28 @@ class CrashRun:
     # -- counting --------------------------------------------------------------------------------
 
     def _locate(self, raw: redis.Redis | None = None) -> Located:
-        snapshot = inspector.take(raw or self.raw, self.design.key_patterns())
+        snapshot = self._snapshot = inspector.take(raw or self.raw, self.design.key_patterns())
         self.inspect_s += snapshot.taken_s
         return dataclasses.replace(self.design.locate(snapshot), consumers=snapshot.consumers())
 
+    def _final_reading(self) -> tuple[Located, list[Problem]]:
+        """The design's reading of its keys, corrected by the harness's search of everything in scope for
+        the run's token (crashbench.evidence.keyspace), and the problems where the two disagree."""
+        located = self._locate()
+        started = time.perf_counter()
+        url = self.broker.url if self.broker is not None else self.url
+        pool = getattr(self.raw, "connection_pool", None)  # a cluster client has none, and database 0 only
+        run_db = int(pool.connection_kwargs.get("db", 0) or 0) if pool is not None else 0
+        found = keyspace.search(self.design, self.needle, self._snapshot, self.scope, url, run_db)
+        per_entry = type(self.design).locate is Design.locate
+        located, problems = keyspace.reconcile(located, found, self.ledger.has_completed, per_entry)
+        self.inspect_s += time.perf_counter() - started
+        return located, problems
+
     def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
         """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
-        state = self.design.state()
-        located = self._locate()
+        state = self.design.state().canonical()
+        located, reading_problems = self._final_reading()
         t0, bf = self.t0, self.broker_faults
         if self.producer is not None:
             enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in self.producer.chunks]
@@ -387,6 +415,7 @@ class CrashRun:
             depth=self.sampler.samples,
             broker_fault=bf.record if bf else None, exits=self.exits,
             held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
+            reading_problems=reading_problems,
             held_after_promotion=sorted(bf.held_after_promotion) if bf else [],
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
             inspect_s=round(self.inspect_s, 4), workdir=str(self.dir) if self.keep_dir else None,

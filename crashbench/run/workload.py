@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crashbench.designs.kinds import Job
-from crashbench.jobids import JobIds
+from crashbench.jobids import JobIds, plain, wire
 
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 PARETO_ALPHA = 1.16
@@ -28,9 +28,10 @@ def job_ids(n: int) -> JobIds:
     return JobIds(range(n))
 
 
-def jobs_for(ids: Sequence[str]) -> list[Job]:
-    """The run's jobs for these ids; the payload carries the job's number."""
-    return [Job(j, f'{{"n": {int(j)}}}') for j in ids]
+def jobs_for(ids: Sequence[str], token: str = "") -> list[Job]:
+    """The run's jobs for these ids, each id with the run's token before it (crashbench.jobids); the
+    payload carries the job's number."""
+    return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,8 @@ class Workload:
 
     def _uniform(self, job: str, purpose: str) -> float:
         """A number in [0, 1) fixed by (seed, job, purpose)."""
-        digest = hashlib.blake2b(f"{self.seed}:{purpose}:{job}".encode(), digest_size=8).digest()
+        # The plain id: a run's token (crashbench.jobids) must not change what its jobs do.
+        digest = hashlib.blake2b(f"{self.seed}:{purpose}:{plain(job)}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") / 2**64
 
     def duration_s(self, job: str) -> float:
