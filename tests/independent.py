@@ -194,16 +194,21 @@ class KillReading:
     around: dict[str, tuple[float, float | None]]
 
 
-def read_kill(kill: dict[str, Any], ledger: LedgerReading, t0: float) -> KillReading:
+def read_kill(kill: dict[str, Any], ledger: LedgerReading, t0: float, pause: float = 0.0) -> KillReading:
     """A fatal signal: the victim died inside the executions its process left open (the ledger, read
-    after the process is gone, is final). A pause or a graceful stop: the victim was inside the
-    executions whose handler's own start and end enclose the signal's time (issue 25, item 4)."""
+    after the process is gone, is final). A pause: inside the executions whose handler's own start and
+    end enclose the middle of the pause (`pause` s from the fault's time), when the worker is stopped
+    for sure whatever the delay between the harness's clock and the signal; a handler that ended before
+    the pause is not inside, even if its record was written after it (issue 25, item 4). A graceful
+    stop: inside the executions whose handler's times enclose the fault's time itself (the worker goes
+    on, so nothing later marks the moment)."""
     at = t0 + kill["at"]
     mine = [r for r in ledger.runs if r.pid == kill["pid"]]
     if kill["signal"] in FATAL:
         inside = [r for r in mine if r.end is None]
     else:
-        inside = [r for r in mine if r.start <= at and (r.end is None or r.end > at)]
+        probe = at + pause / 2 if kill["signal"] == "SIGSTOP" else at
+        inside = [r for r in mine if r.start <= probe and (r.end is None or r.end > probe)]
     unrecovered = 0
     for r in inside:
         again = [x for x in ledger.runs if x.job == r.job and x.start > at]
@@ -239,8 +244,11 @@ class Reading:
     anomalies: list[str]
 
 
-def read_run(workdir: Path, client: redis.Redis, enqueued: int, kills: list[dict[str, Any]], timeline: Path) -> Reading:
-    """Every count of a run of `enqueued` jobs (numbered 0..enqueued-1) from its ledger and from Redis."""
+def read_run(
+    workdir: Path, client: redis.Redis, enqueued: int, kills: list[dict[str, Any]], timeline: Path, pause: float = 0.0
+) -> Reading:
+    """Every count of a run of `enqueued` jobs (numbered 0..enqueued-1) from its ledger and from Redis;
+    `pause`: how long a SIGSTOP's pause lasted."""
     ledger = read_ledgers(workdir / "ledger")
     store = read_redis(client)
     anomalies = list(ledger.anomalies)
@@ -265,7 +273,7 @@ def read_run(workdir: Path, client: redis.Redis, enqueued: int, kills: list[dict
             failed_first[r.job] = min(failed_first.get(r.job, r.start), r.start)
     retried = {j for j, t in failed_first.items() if any(r.start > t for r in by_job[j]) and 0 <= _number(j) < enqueued}
     t0 = t0_of(ledger, timeline) if kills else 0.0
-    kill_readings = [read_kill(k, ledger, t0) for k in kills]
+    kill_readings = [read_kill(k, ledger, t0, pause) for k in kills]
     counts = {
         "enqueued": enqueued,
         "done": len(done),

@@ -125,7 +125,7 @@ def test_kill_verdicts_come_from_the_final_ledger_or_the_handlers_times(tmp_path
     timeline = _timeline(tmp_path / "t.jsonl.gz", {"w0": 100.01, "w1": 100.02})
     kills = [
         _kill("SIGQUIT", 101.25, 11),  # w0 died inside 000001, which never ran again
-        _kill("SIGSTOP", 101.305, 12),  # w1 paused inside 000003's first run
+        _kill("SIGTERM", 101.305, 12),  # w1 inside 000003's first run, which it finished
         _kill("SIGTERM", 101.35, 12),  # w1 between its two runs of 000003
     ]
     reading = independent.read_run(tmp_path, r, 12, kills, timeline)
@@ -135,6 +135,17 @@ def test_kill_verdicts_come_from_the_final_ledger_or_the_handlers_times(tmp_path
         (False, [], 0),
     ]
     assert (reading.counts["kills"], reading.counts["kills_mid_job"], reading.counts["unrecovered"]) == (3, 2, 1)
+
+
+def test_a_pause_is_read_from_the_handlers_times_around_it(tmp_path: Path, r: redis.Redis) -> None:
+    """w0 was paused (0.2 s from 101.000) inside 000000, whose end came after the pause; w1's 000001
+    ended 1 ms before w1's pause, even if its record was written after it: not inside."""
+    _ledger(tmp_path, "w0", ["R 100.0", "S 000000 100.999 5 5", "E 000000 101.205 5 5"])
+    _ledger(tmp_path, "w1", ["R 100.0", "S 000001 100.997 6 6", "E 000001 100.999 6 6", "S 000002 101.210 6 6"])
+    timeline = _timeline(tmp_path / "t.jsonl.gz", {"w0": 100.0, "w1": 100.0})
+    kills = [_kill("SIGSTOP", 101.0, 5), _kill("SIGSTOP", 101.0, 6)]
+    reading = independent.read_run(tmp_path, r, 3, kills, timeline, pause=0.2)
+    assert [(k.mid_job, k.jobs) for k in reading.kills] == [(True, ["000000"]), (False, [])]
 
 
 def test_the_race_signature_excuses_nothing_else(tmp_path: Path, r: redis.Redis) -> None:

@@ -191,7 +191,7 @@ def test_soak_counts_agree_with_an_independent_reading(p: Plan, soak_server: str
     workdir = Path(run["workdir"])
     try:
         timeline = tmp_path / "results" / result["timeline"]
-        reading = independent.read_run(workdir, client, p.jobs, run["kills"], timeline)
+        reading = independent.read_run(workdir, client, p.jobs, run["kills"], timeline, p.pause)
         jobs, events = independent.redelivered(workdir, p.jobs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
