@@ -60,12 +60,14 @@ class Plan:
     kill_when: str
     pause: float
     seed: int
+    max_attempts: int = 3
 
     def argv(self) -> list[str]:
         args = [
             "--design", self.design, "--jobs", str(self.jobs), "--job-ms", str(self.job_ms),
             "--workers", str(self.workers), "--kills", str(self.kills), "--interval", str(self.interval),
             "--signal", self.signal, "--kill-when", self.kill_when, "--seed", str(self.seed),
+            "--max-attempts", str(self.max_attempts),
         ]  # fmt: skip
         return [*args, "--pause", str(self.pause)] if self.signal == "SIGSTOP" else args
 
@@ -90,7 +92,10 @@ def plan(seed: int = SEED, runs: int = RUNS) -> list[Plan]:
         # drained waits for a handler that never starts (10 s), and faults are what the soak is about.
         interval = round(jobs * job_ms / 1000 / workers / 2 / kills, 3)
         design = DESIGNS[i % len(DESIGNS)]
-        out.append(Plan(i, design, jobs, job_ms, workers, kills, interval, signal, kill_when, pause, seed))
+        # Every third run dead-letters a job at its first redelivery: the reader then has dead letters
+        # to find (a JSON body or, for the streams, a bare id), not only an empty, drained queue.
+        attempts = 1 if i % 3 == 2 else 3
+        out.append(Plan(i, design, jobs, job_ms, workers, kills, interval, signal, kill_when, pause, seed, attempts))
     return out
 
 
@@ -104,7 +109,6 @@ description = "tests/test_soak.py: a small run, every setting of its own on the 
 [queue]
 stale_after = 0.3
 recover_every = 0.05
-max_attempts = 3
 
 [run]
 drain_timeout = 10
