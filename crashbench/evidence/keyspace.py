@@ -53,11 +53,12 @@ class Place:
 
 
 class Scope:
-    """The servers and databases a run's reading covers, and the key names there before the run."""
+    """The servers and databases a run's reading covers, and the key names there before the run, by
+    database over every primary (a failover during the run changes which node is a primary)."""
 
     def __init__(self, url: str, started: bool) -> None:
         self.url, self.started = url, started
-        self.before: dict[Label, set[bytes]] = {}
+        self.before: dict[int, set[bytes]] = {}
 
     def clients(self, url: str | None = None) -> Iterator[tuple[Label, redis.Redis]]:
         """(label, client) per primary and database in scope, bytes in and out; closed by the caller."""
@@ -78,8 +79,8 @@ class Scope:
 
     def take_before(self) -> None:
         """The key names in scope now, before the design's setup writes anything."""
-        for label, client in self.clients():
-            self.before[label] = set(client.scan_iter(count=1000))
+        for (_, db), client in self.clients():
+            self.before.setdefault(db, set()).update(client.scan_iter(count=1000))
 
 
 def _text(v: bytes | str) -> str:
@@ -177,7 +178,7 @@ def search(design: Design, needle: Needle, snapshot: Snapshot, scope: Scope, url
     inside = [design.prefix + "*", spread_pattern(design.prefix)]
     harness = alive_key(namespace(design.prefix)).encode()
     for label, client in scope.clients(url):
-        before, in_run_db = scope.before.get(label, set()), label[1] == run_db
+        before, in_run_db = scope.before.get(label[1], set()), label[1] == run_db
         wanted: list[tuple[bytes, str, str, str]] = []  # name, shown, class, where
         for name in sorted(client.scan_iter(count=1000)):
             text = name.decode(errors="replace")
