@@ -11,12 +11,12 @@ import dataclasses
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
 from crashbench import jobids
 from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
+from crashbench.evidence import kills as killing
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
@@ -30,21 +30,6 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
-def recovery_ms(k: KillRecord, runs: Sequence[Execution]) -> float | None:
-    """Fault -> the next start of a job the victim was inside (`runs`: that job's executions, one of
-    `k.jobs`), by anyone: how long recovery took; +inf when it never started again nor completed after
-    the fault (a job the queue never gave back); None when no job was hit or it finished where it was."""
-    if k.job is None:
-        return None
-    at = k.at
-    later = [ex.start for ex in runs if ex.start > at]
-    if later:
-        return round((min(later) - at) * 1000, 3)
-    if any(ex.completed and ex.end is not None and ex.end > at for ex in runs):
-        return None  # a pause or a graceful stop: the job finished in the execution it was in
-    return math.inf
 
 
 def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
@@ -99,10 +84,13 @@ def design_run(tl: Timeline) -> DesignRun:
     sc = Scenario.from_dict(tl.scenario)
     flags = tl.design
     ids, produced = tl.ids, tl.produced
-    # Counting fills in the derived figures of each kill: on copies, so the timeline stays as recorded.
-    kill_records = [dataclasses.replace(k, jobs=list(k.jobs)) for k in tl.kills]
+    runs = Executions.of(tl.executions)
     # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
-    facts = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in kill_records if k.target != "parent"]
+    # The claims are the injector's own look, as recorded.
+    facts = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in tl.kills if k.target != "parent"]
+    # Each kill's verdict settled from the final ledger (crashbench.evidence.kills); counting fills in
+    # the derived figures of each: on copies, so the timeline stays as recorded.
+    kill_records = killing.settle(tl.kills, runs)
     problems = evidence.check(
         evidence.Evidence(
             enqueued=ids, executions=tl.executions, located=tl.located, state=tl.state,
@@ -128,7 +116,6 @@ def design_run(tl: Timeline) -> DesignRun:
         cut_off=tl.cut_off,
     )
     c.worker_crashes = len(tl.exits)
-    runs = Executions.of(tl.executions)
     c.empty_acks = sum(1 for f in runs.flags if f & EMPTY_ACK)
     done = classes["done"]
     c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if j not in done)
@@ -149,11 +136,13 @@ def design_run(tl: Timeline) -> DesignRun:
         ready = tl.ready.get(k.replacement) if k.replacement else None
         if ready is not None:
             k.replacement_ready_ms = round((ready - k.at) * 1000, 3)
-        k.recovered_after_ms = recovery_ms(k, runs_of.get(k.job or "", []))
+        k.recovered_after_ms = killing.recovery_ms(k, runs_of.get(k.job or "", []))
     recoveries = sorted(k.recovered_after_ms for k in kill_records if k.recovered_after_ms is not None)
     # Every handler a kill interrupted, not only the one its record names: a worker running several
     # (threads, a pool) leaves several jobs for recovery to give back.
-    c.unrecovered = sum(1 for k in kill_records for j in k.jobs if math.isinf(recovery_ms(k, runs_of[j]) or 0.0))
+    c.unrecovered = sum(
+        1 for k in kill_records for j in k.jobs if math.isinf(killing.recovery_ms(k, runs_of[j]) or 0.0)
+    )
     network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), tl) for nf in tl.network]
     c.stuck_workers = len({s for nf in network for s in nf.stuck})
     jobs = {

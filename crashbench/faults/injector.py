@@ -2,10 +2,13 @@
 tick, never blocking it, so faults of different kinds overlap (a worker killed while the server is
 down). Worker faults fire in order of their start; a broker fault and network faults at their own.
 
-A mid-job worker fault waits for its victim to be inside a handler: it freezes the victim (SIGSTOP),
-checks the ledger again, and only then delivers the signal, so "the victim was inside job X" is
-exact. After a SIGKILL, the executions it interrupted are read from the victim's final ledger, once
-every process the signal hit is gone.
+Every worker fault freezes its victim (SIGSTOP, until the kernel reports it stopped) before it reads
+the fault's time and delivers the signal, so no handler of the victim starts or ends between the two:
+the result settles each fault's verdict from the final ledger against that time, for every signal
+(crashbench.evidence.kills). A mid-job fault waits for its victim to be inside a handler: it freezes
+the victim, checks the ledger again, and only then delivers the signal. After a SIGKILL, the
+executions it interrupted are read from the victim's final ledger, once every process the signal hit
+is gone.
 """
 
 from __future__ import annotations
@@ -93,9 +96,10 @@ class WorkerFaults:
         if fault.kill_when == "mid-job" and now < max(due, ready) + self.wait:
             if self.ledger.inside(victim.name) is None or not self._frozen_inside(victim):
                 return True
-            self.records.append(self._hit(fault, victim, due, frozen=True))
+            self.records.append(self._hit(fault, victim, due))
         else:
-            self.records.append(self._hit(fault, victim, due, frozen=False))
+            self.sup.freeze(victim)  # stopped as the fault's time is read (or as good as: gone, or stuck)
+            self.records.append(self._hit(fault, victim, due))
         self.queue.popleft()
         return False
 
@@ -110,11 +114,11 @@ class WorkerFaults:
             return False
         return True
 
-    def _hit(self, fault: Fault, victim: WorkerProcess, due: float, frozen: bool) -> KillRecord:
+    def _hit(self, fault: Fault, victim: WorkerProcess, due: float) -> KillRecord:
         at = self.clock()
         sig = int(signal.Signals[fault.signal])
         self.ledger.poll(victim.name)
-        # Exact when frozen (checked after the freeze); for "any", as of this last look.
+        # The victim is frozen: this look is what it holds at `at` (bar a record not yet written).
         opened = self.ledger.open_in(victim.name)
         replacement = None
         target = fault.target if self.own_worker else "worker"
@@ -125,7 +129,7 @@ class WorkerFaults:
             self.sup.send(victim, sig)
             self.paused[victim.name] = (at + fault.duration, victim)
         else:
-            target, killed = self.sup.deliver(victim, sig, target, child, frozen)
+            target, killed = self.sup.deliver(victim, sig, target, child, frozen=True)
             if target != "child":
                 replacement = self.sup.spawn(fault.slot)
             if sig == signal.SIGKILL:
@@ -136,7 +140,7 @@ class WorkerFaults:
             index=fault.index, planned_at=round(self.since + fault.at, 6), at=rel(at, self.t0), slot=fault.slot,
             worker=victim.name, pid=victim.pid, signal=fault.signal, target=target, mid_job=inside is not None,
             job=inside.job if inside else None, jobs=[ex.job for ex in opened], waited_ms=round((at - due) * 1000, 3),
-            replacement=replacement.name if replacement else None,
+            replacement=replacement.name if replacement else None, child=child if target == "child" else 0,
         )  # fmt: skip
 
     def _killed_inside(self, victim: WorkerProcess, child: int) -> list[Execution]:

@@ -51,6 +51,8 @@ class KillRecord:
     pid: int
     signal: str
     target: str  # worker (single-process worker), tree, parent or child: which processes got the signal
+    # As recorded, the injector's look at the victim's ledger once it was frozen; in a result, settled
+    # from the final ledger and the handlers' own times (crashbench.evidence.kills).
     mid_job: bool  # the victim was inside a handler when the signal landed
     job: str | None  # the job whose handler it was inside
     waited_ms: float  # how long the fault waited for the victim to be inside a handler
@@ -60,6 +62,7 @@ class KillRecord:
     # Every job whose handler the fault interrupted (a worker running several at once: threads, a pool);
     # `job` is the most recently started of them.
     jobs: list[str] = field(default_factory=list)
+    child: int = 0  # a child-only kill's process (the worker lives on); 0: the worker's own
 
 
 @dataclass(slots=True)
