@@ -10,7 +10,12 @@ SaboteurQueue is the reliable queue (which survives kills) with an enqueue that 
                                                                   check state_misses names them
 and PHANTOMS ids the producer never enqueued                  -> unexpected
 Its backlog() counts only pending, delayed and processing, like reliable's: the parked and hidden
-jobs are left behind in a "drained" queue, which the check backlog_wrong must name.
+jobs are left behind in a "drained" queue; nothing delivers them after the drain, so they are
+stranded, not a wrong backlog (ZeroBacklog's workers do deliver after its 0: backlog_wrong).
+
+StopTakesParked parks jobs as SaboteurQueue does, and its workers' graceful stop deletes the parked
+list (as saq's stop can leave a job it was sweeping in no list): read before the stop, they are
+stranded at "parked", the stop's doing (taken_by_stop), never lost.
 """
 
 from __future__ import annotations
@@ -98,6 +103,39 @@ class InflatedRequeues(ReliableQueue):
         return state
 
 
+class InflatedRequeueEvents(ReliableQueue):
+    """The reliable queue whose state() reports a hundred times the requeue events it made."""
+
+    name = "inflated-requeue-events"
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.requeue_events = 100 * max(1, state.requeue_events)
+        return state
+
+
+class SilentRequeues(ReliableQueue):
+    """The reliable queue whose state() reports no requeue at all, though its reaper gives jobs back."""
+
+    name = "silent-requeues"
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.requeued, state.requeue_events = set(), 0
+        return state
+
+
+class PoisonClaims(ReliableQueue):
+    """The reliable queue whose state() calls three jobs poison that never failed."""
+
+    name = "poison-claims"
+
+    def state(self) -> QueueState:
+        state = super().state()
+        state.poisoned |= {"000004", "000005", "000006"}
+        return state
+
+
 class BadLocation(NaiveQueue):
     """state() with a location that is not a string: the run must say so, not crash."""
 
@@ -128,3 +166,28 @@ class SpacedId(NaiveQueue):
         if not self.r.set(self.key("spaced-sent"), 1, nx=True):
             return
         self.r.rpush(self.key("pending"), json.dumps({"id": "a b", "payload": ""}))  # the first one fetched
+
+
+class StopTakesParked(ReliableQueue):
+    """Every job n % 10 == 7 is parked in a list nothing delivers (reported by state()); a worker's
+    graceful stop deletes that list."""
+
+    name = "stop-takes-parked"
+
+    def enqueue(self, jobs: Sequence[Job]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            raw = json.dumps({"id": job.id, "payload": job.payload, "attempts": 0})
+            parked = json.loads(job.payload)["n"] % 10 == 7
+            pipe.lpush(self.key("parked" if parked else "pending"), raw)
+        pipe.execute()
+
+    def stop_worker(self, worker: str, now: float) -> None:
+        super().stop_worker(worker, now)
+        self.r.delete(self.key("parked"))
+
+    def state(self) -> QueueState:
+        state = super().state()
+        for raw in self.r.lrange(self.key("parked"), 0, -1):
+            state.held[json.loads(raw)["id"]] = "parked"
+        return state

@@ -166,7 +166,7 @@ def _eid(entry: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _number(job: str) -> int:
+def number(job: str) -> int:
     m = NUMBER.search(job)
     return int(m.group(1)) if m else -1
 
@@ -254,16 +254,16 @@ def read_run(
     anomalies = list(ledger.anomalies)
     spelled: dict[int, set[str]] = defaultdict(set)
     for job in [r.job for r in ledger.runs] + list(store.held) + list(store.dead):
-        spelled[_number(job)].add(job)
+        spelled[number(job)].add(job)
     anomalies += [f"job {n} spelled {sorted(s)}" for n, s in spelled.items() if len(s) > 1]
-    ours = {job for job in (r.job for r in ledger.runs) if 0 <= _number(job) < enqueued}
+    ours = {job for job in (r.job for r in ledger.runs) if 0 <= number(job) < enqueued}
     completed = Counter(r.job for r in ledger.runs if r.end is not None and not r.failed)
     by_job: dict[str, list[Run]] = defaultdict(list)
     for r in ledger.runs:
         by_job[r.job].append(r)
-    done = {j for j in completed if 0 <= _number(j) < enqueued}
-    dead = {j for j in store.dead if 0 <= _number(j) < enqueued} - done
-    held = {j for j in store.held if 0 <= _number(j) < enqueued} - done - dead
+    done = {j for j in completed if 0 <= number(j) < enqueued}
+    dead = {j for j in store.dead if 0 <= number(j) < enqueued} - done
+    held = {j for j in store.held if 0 <= number(j) < enqueued} - done - dead
     raised_last = {j for j in ours - done - dead - held if max(by_job[j], key=lambda r: r.start).failed}
     twice = [j for j in done if completed[j] > 1]
     overlapping = sum(1 for j in twice if _overlapping([r for r in by_job[j] if r.end is not None and not r.failed]))
@@ -271,7 +271,7 @@ def read_run(
     for r in ledger.runs:
         if r.failed:
             failed_first[r.job] = min(failed_first.get(r.job, r.start), r.start)
-    retried = {j for j, t in failed_first.items() if any(r.start > t for r in by_job[j]) and 0 <= _number(j) < enqueued}
+    retried = {j for j, t in failed_first.items() if any(r.start > t for r in by_job[j]) and 0 <= number(j) < enqueued}
     t0 = t0_of(ledger, timeline) if kills else 0.0
     kill_readings = [read_kill(k, ledger, t0, pause) for k in kills]
     counts = {
@@ -290,7 +290,7 @@ def read_run(
         "retried": len(retried),
         "dead_lettered_poison": sum(1 for j in dead if any(r.failed for r in by_job[j])),
         "empty_acks": ledger.empty_acks,
-        "unexpected": len({r.job for r in ledger.runs if not 0 <= _number(r.job) < enqueued}),
+        "unexpected": len({r.job for r in ledger.runs if not 0 <= number(r.job) < enqueued}),
         "executions": len(ledger.runs),
         "interrupted": sum(1 for r in ledger.runs if r.end is None),
         "kills": len(kills),
@@ -309,7 +309,7 @@ def redelivered(workdir: Path, enqueued: int) -> tuple[int, int]:
     ledger = read_ledgers(workdir / "ledger")
     by_job: dict[str, list[Run]] = defaultdict(list)
     for r in ledger.runs:
-        if 0 <= _number(r.job) < enqueued:
+        if 0 <= number(r.job) < enqueued:
             by_job[r.job].append(r)
     events = jobs = 0
     for runs in by_job.values():

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from crashbench.designs import DesignSettings, Located, QueueState
+from crashbench.designs.located import carry
 from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
 from crashbench.evidence.ledger import Execution
@@ -47,6 +48,8 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
         "unconfirmed": set(),
         "library_disagrees": set(),
         "duplicated": {"b"},  # not an outcome class: completed more than once
+        "redelivered": {"b"},  # ... nor this: started again after a start that did not raise
+        "taken_by_stop": set(),  # ... nor this: held before the workers were stopped, nowhere after
     }
     assert (c.failed_attempts, c.retried) == (1, 0)
     assert c.stranded_at == {"pel": 1, "processing": 1}
@@ -54,6 +57,30 @@ def test_each_enqueued_job_lands_in_exactly_one_outcome_class() -> None:
     assert c.unexpected == 1  # "x" ran but was never enqueued
     assert (c.executions, c.interrupted) == (6, 1)
     assert (c.requeued, c.requeue_events) == (1, 3)  # "zz" is not ours
+
+
+def test_redeliveries_come_from_the_ledger_and_retries_after_a_failure_are_not_among_them() -> None:
+    """r: interrupted, then run again twice (a second loss of its ack): 2 redeliveries. s: failed, then
+    retried and completed: a retry, no redelivery. t: failed, retried, interrupted, run again: 1. u: once.
+    The design's own figures (3 requeue events for v, which never ran twice) decide nothing here."""
+    runs = [
+        ex("r", done=False, start=1.0), ex("r", start=2.0), ex("r", start=4.0),
+        ex("s", failed=True, start=1.0), ex("s", start=3.0),
+        ex("t", failed=True, start=1.0), ex("t", done=False, start=3.0), ex("t", start=5.0),
+        ex("u"), ex("v"),
+    ]  # fmt: skip
+    c, classes = count(["r", "s", "t", "u", "v"], runs, where(), QueueState(requeued={"v"}, requeue_events=3))
+    assert classes["redelivered"] == {"r", "t"}
+    assert (c.redelivered, c.redeliveries, c.retried) == (2, 3, 2)
+    assert (c.requeued, c.requeue_events) == (1, 3)  # the design's word, kept as it said
+
+
+def test_poison_is_a_dead_letter_whose_last_execution_raised_whatever_the_design_says() -> None:
+    # p failed and was dead-lettered: poison. k was killed, then dead-lettered by recovery: not poison,
+    # though the design says it is. q failed once, then was killed and dead-lettered: not poison either.
+    runs = [ex("p", failed=True), ex("k", done=False), ex("q", failed=True), ex("q", done=False, start=3.0)]
+    c, _ = count(["p", "k", "q"], runs, where(dead={"p", "k", "q"}), QueueState(poisoned={"k"}))
+    assert (c.dead_lettered, c.dead_lettered_poison) == (3, 1)
 
 
 def test_the_design_s_state_decides_no_outcome() -> None:
@@ -190,3 +217,22 @@ def test_every_saved_result_without_a_timeline_has_the_verdict_its_saved_runs_gi
     for path in bare:
         found = recount.verify(path, store.load(str(path)), path.parent, need_timeline=False)
         assert found.unrecounted and found.reproduced, (path, found.verdict)
+
+
+def test_a_job_the_stop_took_counts_where_it_was_held_before() -> None:
+    """saq's stop cancels its sweep mid-abort, leaving the job in no list: read before the stop, it was
+    in "active"; a job that completed during the stop, or that the after-reading has, is not carried."""
+    enqueued = ["a", "b", "c", "d"]
+    before = where({"a": "active", "b": "active", "c": "queued", "d": "queued"})
+    after = where({"c": "queued"})
+    located = carry(before, after, done=lambda j: j == "b")  # b completed as its worker stopped
+    assert located.stopped == {"a", "d"} and located.held["a"] == ["active"]
+    executions = [ex("b"), ex("a", done=False)]
+    c, classes = count(enqueued, executions, located, QueueState(held={"c": "queued"}), kills=0, kills_mid_job=0)
+    assert (c.done, c.stranded, c.lost, c.taken_by_stop) == (1, 3, 0, 2)
+    assert classes["taken_by_stop"] == {"a", "d"} and c.stranded_at == {"active": 1, "queued": 2}
+    # Without the reading before the stop, both would be lost: the harness would count its own doing.
+    c, _ = count(
+        enqueued, executions, where({"c": "queued"}), QueueState(held={"c": "queued"}), kills=0, kills_mid_job=0
+    )
+    assert (c.lost, c.taken_by_stop) == (2, 0)

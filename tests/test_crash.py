@@ -121,11 +121,10 @@ def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_ur
     sc = dataclasses.replace(small, jobs=100, kills=0)
     run = run_designs(sc, ["designs_broken:KnownFaultsQueue"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
-    # Its backlog() counts the pending list only, so the run "drained" with the parked jobs left over.
-    parked = [f"{i:06d}" for i in range(7, 100, 10)]
-    assert {p.check: p.ids for p in run.problems} == {"backlog_wrong": parked}
-    assert run.workdir is not None
-    shutil.rmtree(run.workdir)  # kept as evidence of the wrong report
+    # Its backlog() counts the pending list only, so the run "drained" with the parked jobs left over;
+    # nothing delivers them after (the watch after the drain), so they are stranded, its own finding,
+    # not a wrong backlog (designs_saboteur's ZeroBacklog is the lie).
+    assert run.problems == [] and run.workdir is None
     assert c.enqueued == 100
     assert c.lost == 10
     assert c.duplicated == 10 and c.extra_executions == 10

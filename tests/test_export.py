@@ -61,7 +61,7 @@ def run(
         duplicated=duplicated,
         duplicated_sequential=duplicated,
         extra_executions=duplicated,
-        requeued=3,
+        redelivered=3,
         kills=5,
         kills_mid_job=5,
         undrained=undrained,
@@ -284,7 +284,7 @@ def test_markdown_heading_table_and_thresholds(repeated: Result) -> None:
     assert "| lost | 2 (0–4) | 0 |" in lines
     assert "| duplicated | 0 | 1 (0–2) |" in lines
     assert "| dead-lettered | 0 | 0 |" in lines
-    assert "| requeued | 3 | 3 |" in lines
+    assert "| redelivered | 3 | 3 |" in lines
     # naive: 96/2, 100/3, 98/4 jobs/s; reliable: 100/3 in every run; no recovery time for reliable
     assert "| jobs/s | 33 (24–48) | 33 |" in lines
     assert "| recovery p95 (ms) | 120 | - |" in lines

@@ -14,6 +14,8 @@ import pytest
 import redis
 from designs_saboteur import PHANTOMS, GhostState, planted
 
+from tests import independent
+
 from crashbench.errors import UnexpectedError
 from crashbench.run.session import Options, run_designs
 from crashbench.run.workload import job_ids
@@ -41,11 +43,16 @@ def test_saboteur_counts_come_out_exactly_as_planted(valkey_url: str, small: Sce
     assert c.unexpected == len(PHANTOMS)
     assert c.done == 600 - 30 * 4
     assert (c.kills_mid_job, c.interrupted) == (kills, kills)
-    # The design's report hides one list, and its backlog() ignores both: exactly those checks fire.
+    # The design's report hides one list; the jobs pushed twice ran again with no requeue it reported
+    # (it says it reports them all): exactly those checks fire. Its backlog() ignores both lists, but
+    # nothing delivers them after the drain: stranded there, no backlog_wrong.
+    hit = {k.job for k in run.kills}
     found = checks(run)
-    assert set(found) == {"state_misses", "backlog_wrong"}
+    assert set(found) == {"state_misses", "requeue_missed", "requeue_events_below_redeliveries"}
     assert set(found["state_misses"]) == plant["hidden"]
-    assert set(found["backlog_wrong"]) == plant["parked"] | plant["hidden"]
+    # (a planted duplicate a kill also interrupted was given back by the reaper: requeued, reported)
+    assert set(found["requeue_missed"]) == plant["duplicated"] - hit
+    assert (c.redelivered, c.redeliveries, c.requeue_events) == (len(plant["duplicated"] | hit), 30 + kills, kills)
     assert run.total_queue is not None and not run.total_queue.valid
 
 
@@ -66,13 +73,59 @@ def test_a_backlog_that_always_says_zero_is_caught(valkey_url: str, small: Scena
     c = run.counts
     assert run.timings.drained  # it believed its backlog() ...
     assert c.stranded > 400 and c.done + c.stranded == 600  # ... and the snapshot shows the truth
-    assert set(checks(run)["backlog_wrong"]) == set(sorted(run.jobs["stranded"])[:100])
+    # Its workers kept delivering after the drain: the jobs started in the watch are named, and in the
+    # ledger they are one unbroken stretch of the starts (the watch's), none of them left stranded.
+    assert run.workdir is not None
+    starts = sorted(independent.read_ledgers(Path(run.workdir, "ledger")).runs, key=lambda r: r.start)
+    named = checks(run)["backlog_wrong"]  # (and the kept workdir goes)
+    order = [independent.number(r.job) for r in starts]  # the ledger holds the wire ids
+    at = sorted(order.index(int(j)) for j in named)
+    assert named and at == list(range(at[0], at[0] + len(named)))
+    assert not set(named) & set(run.jobs["stranded"])
+
+
+def test_jobs_the_workers_stop_takes_count_where_they_were_held_before(valkey_url: str, small: Scenario) -> None:
+    """Redis is read before the workers are stopped, and after: the parked jobs their stop deleted are
+    stranded at "parked" (taken_by_stop), not lost, and no check fires (state(), read after the stop,
+    cannot report them)."""
+    sc = dataclasses.replace(small, kills=0)
+    run = run_designs(sc, ["designs_saboteur:StopTakesParked"], Options(redis_url=valkey_url)).runs[0]
+    parked = {j for j in job_ids(sc.jobs) if int(j) % 10 == 7}
+    c = run.counts
+    assert run.problems == []
+    assert (c.lost, c.stranded, c.taken_by_stop, c.done) == (0, 60, 60, 540) and c.stranded_at == {"parked": 60}
+    assert set(run.jobs["stranded"]) == set(run.jobs["taken_by_stop"]) == set(sorted(parked)[:100])
 
 
 def test_requeues_without_requeue_events_are_caught(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kills=0)
     run = run_designs(sc, ["designs_saboteur:InflatedRequeues"], Options(redis_url=valkey_url)).runs[0]
-    assert checks(run) == {"requeue_events_below": ["000001", "000002", "000003"]}
+    # Reported requeued by no requeue event, and never started again, held or dead-lettered either.
+    ids = ["000001", "000002", "000003"]
+    assert checks(run) == {"requeue_events_below": ids, "requeue_unfounded": ids}
+
+
+def test_requeue_events_the_ledger_cannot_account_for_are_caught(valkey_url: str, small: Scenario) -> None:
+    run = run_designs(small, ["designs_saboteur:InflatedRequeueEvents"], Options(redis_url=valkey_url)).runs[0]
+    assert run.counts.requeue_events == 100 * run.counts.redeliveries == 500
+    assert set(checks(run)) == {"requeue_events_unfounded"}
+
+
+def test_requeues_the_design_does_not_report_are_caught(valkey_url: str, small: Scenario) -> None:
+    """Its reaper gives back every job the five kills interrupted; its state() says none: the ledger
+    names exactly the interrupted jobs, each of which ran again."""
+    run = run_designs(small, ["designs_saboteur:SilentRequeues"], Options(redis_url=valkey_url)).runs[0]
+    c = run.counts
+    assert (c.interrupted, c.redelivered, c.redeliveries, c.requeue_events) == (5, 5, 5, 0)
+    found = checks(run)
+    assert set(found) == {"requeue_missed", "requeue_events_below_redeliveries"}
+    assert set(found["requeue_missed"]) == {k.job for k in run.kills}
+
+
+def test_poison_for_jobs_that_never_failed_is_caught(valkey_url: str, small: Scenario) -> None:
+    run = run_designs(small, ["designs_saboteur:PoisonClaims"], Options(redis_url=valkey_url)).runs[0]
+    assert run.counts.dead_lettered_poison == 0
+    assert checks(run) == {"poison_unfounded": ["000004", "000005", "000006"]}
 
 
 def test_a_location_that_is_not_a_string_is_a_problem_not_a_crash(valkey_url: str, small: Scenario) -> None:

@@ -89,7 +89,7 @@ def test_config_warnings_and_configuration_follow_saq_defaults() -> None:
         "timeout_s": 10, "heartbeat_s": 0, "retries": 1, "concurrency": 10, "sweep_s": 60,
         "sweep_abort_wait_s": 5.0, "redelivery_s": 75.0,
     }  # fmt: skip
-    assert plain.observe_window() == 10 + 60 + 5 + 9 * 5 + 10  # type: ignore[attr-defined]
+    assert plain.observe_window() == 10 + 60 + 5 + 10  # type: ignore[attr-defined]  # to its first decision
     [warning] = design("saq", 10.0).config_warnings()  # type: ignore[attr-defined]
     assert "job timeout 10 s" in warning and "cancels" in warning
     assert design("saq", 30.0, timeout=60).config_warnings() == []  # type: ignore[attr-defined]

@@ -76,6 +76,9 @@ class Design(ABC):
     drops_failed: ClassVar[bool] = False
     # True for a design that promises each job runs once: a duplicate then makes its history invalid.
     exactly_once: ClassVar[bool] = False
+    # True when state() reports every job its recovery gives back (requeued, requeue_events): the
+    # ledger's redeliveries must then all be among them (crashbench.evidence.checks.requeues).
+    counts_requeues: ClassVar[bool] = False
     # Seconds backlog() must stay 0, with no handler running, before the run counts as drained: for a
     # queue that can hold a job where backlog() cannot see it for a while (saq's sweep holds one in
     # memory while it waits on its worker, then puts it back).

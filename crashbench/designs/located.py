@@ -4,7 +4,7 @@ walked: the vocabulary `Design.locate` answers in (crashbench.evidence.inspector
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from crashbench.evidence.inspector import Consumer, StoredKey, entry_id
@@ -49,6 +49,9 @@ class Located:
     # The streams' consumers as the harness read them (crashbench.evidence.inspector), never the design's
     # word: set by the runner from the same snapshot, whatever `locate` returned.
     consumers: list[Consumer] = field(default_factory=list)
+    # Held when the harness read Redis before stopping the workers, found nowhere after and never
+    # completed: counted where they were held before (`carry`); the stop's doing, not the queue's.
+    stopped: set[str] = field(default_factory=set)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
         """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded". The
@@ -64,6 +67,24 @@ class Located:
             self.held.setdefault(job, []).append(where)
             if kind == "delayed":
                 self.delayed.add(job)
+
+
+def carry(before: Located, after: Located, done: Callable[[str], bool]) -> Located:
+    """`after` (the reading once the workers are stopped), with every job `before` held or dead-lettered
+    that `after` has nowhere and that never completed (`done`: the ledger saw it end) put back where
+    `before` found it, and named in `stopped`."""
+    anywhere = after.held.keys() | after.dead.keys() | after.failed | after.succeeded
+    for job, places in before.held.items():
+        if job not in anywhere and not done(job):
+            after.held[job] = list(places)
+            after.stopped.add(job)
+            if job in before.delayed:
+                after.delayed.add(job)
+    for job, places in before.dead.items():
+        if job not in anywhere and not done(job):
+            after.dead[job] = list(places)
+            after.stopped.add(job)
+    return after
 
 
 def matches(name: str, patterns: Sequence[str]) -> bool:

@@ -8,7 +8,7 @@ Keys (all under the run prefix P):
     P delayed              sorted set: JSON job -> harness-clock time its retry is due
     P dead                 list of dead-lettered JSON jobs
     P poisoned             set of job ids dead-lettered because their handler kept failing
-    P requeued             set of job ids the reaper gave back at least once
+    P requeued             set of job ids the reaper (or a worker handing back what it held) gave back
     P stats                hash: requeue_events, dead_lettered
 
 The job is always stored somewhere: BLMOVE moves it atomically from pending to the worker's list,
@@ -104,19 +104,19 @@ for i = fixed + 1, #KEYS do n = n + redis.call('LLEN', KEYS[i]) end
 return n
 """
 
-# KEYS: processing, pending, heartbeats [, high]; ARGV: worker. A graceful exit hands back what it holds.
+# KEYS: processing, pending, heartbeats, requeued, stats [, high]; ARGV: worker. A graceful exit (or a
+# worker that lost its connection) hands back what it holds: requeues, recorded as the reaper's are.
 HAND_BACK = """
 local n = 0
-if KEYS[4] then
-  while true do
-    local raw = redis.call('RPOP', KEYS[1])
-    if not raw then break end
-    redis.call('LPUSH', cjson.decode(raw).priority == 'high' and KEYS[4] or KEYS[2], raw)
-    n = n + 1
-  end
-else
-  while redis.call('RPOPLPUSH', KEYS[1], KEYS[2]) do n = n + 1 end
+while true do
+  local raw = redis.call('RPOP', KEYS[1])
+  if not raw then break end
+  local job = cjson.decode(raw)
+  redis.call('LPUSH', (KEYS[6] and job.priority == 'high') and KEYS[6] or KEYS[2], raw)
+  redis.call('SADD', KEYS[4], job.id)
+  n = n + 1
 end
+if n > 0 then redis.call('HINCRBY', KEYS[5], 'requeue_events', n) end
 redis.call('HDEL', KEYS[3], ARGV[1])
 return n
 """
@@ -124,6 +124,7 @@ return n
 
 class ReliableQueue(Design):
     name = "reliable"
+    counts_requeues = True
     summary = "BLMOVE to a per-worker processing list + heartbeats + Lua reaper: at-least-once"
     PENDING: ClassVar[str] = "pending"  # the list jobs wait in (the priority design's low list)
     DEAD_LETTERS = ("dead",)
@@ -199,8 +200,8 @@ class ReliableQueue(Design):
         self.r.hset(self.key("heartbeats"), worker, repr(now))
 
     def stop_worker(self, worker: str, now: float) -> None:
-        keys = [self.key("processing", worker), self.key(self.PENDING), self.key("heartbeats"), *self._high()]
-        self._hand_back(keys=keys, args=[worker])
+        keys = [self.key("processing", worker), self.key(self.PENDING), self.key("heartbeats"), self.key("requeued")]
+        self._hand_back(keys=[*keys, self.key("stats"), *self._high()], args=[worker])
 
     def recover(self, now: float) -> int | None:
         stale_before = now - self.settings.stale_after

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 class ShardedQueue(Design):
     name = "sharded"
+    counts_requeues = True
     summary = "reliable split over S shards, one hash slot (one primary) each, home shard + stealing: at-least-once"
     spread = True
     DEAD_LETTERS = ReliableQueue.DEAD_LETTERS

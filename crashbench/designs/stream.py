@@ -145,6 +145,7 @@ return #due
 
 class StreamQueue(Design):
     name = "stream"
+    counts_requeues = True
     summary = "XADD + XREADGROUP + XACK, XAUTOCLAIM recovery in each consumer: at-least-once"
     DEAD_LETTERS = ("dead",)
     DELAYED = ("delayed",)

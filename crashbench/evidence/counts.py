@@ -42,7 +42,12 @@ class Counts:
     failed_attempts: int = 0  # executions whose handler raised
     retried: int = 0  # jobs started again after a failed attempt
     early_retries: int = 0  # retries that started sooner after a failure than the backoff allows
-    dead_lettered_poison: int = 0  # dead-lettered jobs the design dead-lettered for failing, not for crashing
+    dead_lettered_poison: int = 0  # dead-lettered jobs whose last execution raised: for failing, not for crashing
+    # the ledger's: starts of a job after an earlier start of it that did not raise (a retry after a
+    # failure is `retried`): what recovery (or a stolen delivery) gave back and a worker ran again
+    redelivered: int = 0  # jobs started again so
+    redeliveries: int = 0  # ... such starts, in all
+    # the design's own word (state()), checked against the ledger (crashbench.evidence.checks.requeues)
     requeued: int = 0  # jobs recovery gave back at least once
     requeue_events: int = 0  # times recovery gave a job back
     empty_acks: int = 0  # acks that found nothing left to acknowledge (recovery, or a late ack, got there first)
@@ -59,6 +64,9 @@ class Counts:
     recovered: int = 0  # ... of which the job was done all the same
     acks_lost: int = 0  # jobs completed (and acked) before the broker fault that ran again after it
     stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
+    # ... of the stranded and dead-lettered: held when Redis was read before the workers were stopped,
+    # nowhere after (crashbench.run.reading): counted where they were, the stop's doing
+    taken_by_stop: int = 0
 
     # a trimmed stream (crashbench.evidence.trim): lost jobs whose entry the stream no longer holds by
     # position (below its first entry at the end), from the entry ids XADD answered at enqueue
@@ -235,7 +243,7 @@ def count(
     enqueued: Collection[str],
     executions: Iterable[Execution],
     located: Located,
-    queue: QueueState | None = None,  # the design's report: only its requeue and poison bookkeeping is used
+    queue: QueueState | None = None,  # the design's report: only its requeue figures are used, as its word
     drops_failed: bool = False,
     kills: int = 0,
     kills_mid_job: int = 0,
@@ -272,14 +280,17 @@ def count(
         elif times[p] < 255:
             times[p] += 1
     twice = {*enq.where(lambda v: v > 1), *(c for c, n in stray.items() if n > 1)}
-    need = None if broker_fault is not None else twice | {runs.jobs[r] for r in failed_rows}
+    # A job started twice completed twice, or has an execution that did not complete.
+    need = None if broker_fault is not None else twice | others
     starts: dict[int, list[float]] = {}
+    rows_of: dict[int, list[int]] = {}  # code -> its rows, in the order they started
     last: dict[int, int] = {}  # code -> its last-started row
     completions: dict[int, list[int]] = {}  # code -> its completed rows
     if need is None or need:
         for row, (c, start, end, flags) in enumerate(zip(runs.jobs, runs.starts, runs.ends, runs.flags, strict=True)):
             if need is None or c in need:
                 starts.setdefault(c, []).append(start)
+                rows_of.setdefault(c, []).append(row)
                 if c not in last or start >= runs.starts[last[c]]:
                     last[c] = row
                 if end == end and not flags & FAILED:
@@ -314,6 +325,9 @@ def count(
     retried = {c for c, t in first_failure.items() if any(s > t for s in starts[c]) and pos(c) >= 0}
     failed_execs = [runs.row(r) for r in failed_rows]
     early = _early_retries(failed_execs, {name(c): ts for c, ts in starts.items()}, settings) if settings else 0
+    again = _redelivered(runs, rows_of, pos)
+    classes["redelivered"] = {name(c) for c in again}  # not an outcome class
+    classes["taken_by_stop"] = (classes["stranded"] | classes["dead_lettered"]) & located.stopped  # nor this
     indeterminate_ids = {j for j in set(indeterminate) if enq.has(j)}
     # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
     failing = workload if workload is not None and (workload.poison_rate or workload.transient_rate) else None
@@ -333,7 +347,9 @@ def count(
         failed_attempts=len(failed_rows),
         retried=len(retried),
         early_retries=early,
-        dead_lettered_poison=len(classes["dead_lettered"] & queue.poisoned),
+        dead_lettered_poison=len(classes["dead_lettered"] & last_raised),
+        redelivered=len(again),
+        redeliveries=sum(again.values()),
         requeued=sum(1 for j in queue.requeued if enq.has(j)),
         requeue_events=queue.requeue_events,
         unexpected=len({*stray, *(c for c in others if pos(c) < 0)}),
@@ -345,6 +361,7 @@ def count(
         transient_jobs=sum(1 for j in ids if failing.is_transient(j)) if failing else 0,
         failing_jobs=sum(1 for j in ids if failing.fails(j, 1)) if failing else 0,
         stranded_at=dict(sorted(where.items())),
+        taken_by_stop=len(classes["taken_by_stop"]),
         indeterminate=len(indeterminate_ids),
         recovered=sum(1 for j in indeterminate_ids if j in done),
         acks_lost=acks_lost,
@@ -353,6 +370,17 @@ def count(
         library_disagrees=len(classes["library_disagrees"]),
     )
     return counts, classes
+
+
+def _redelivered(runs: Executions, rows_of: dict[int, list[int]], pos: Callable[[int], int]) -> Counter[int]:
+    """Per enqueued job started more than once, its starts that followed a start that did not raise."""
+    out: Counter[int] = Counter()
+    for c, rows in rows_of.items():
+        if len(rows) > 1 and pos(c) >= 0:
+            rows = sorted(rows, key=runs.starts.__getitem__)
+            if n := sum(1 for r in rows[:-1] if not runs.flags[r] & FAILED):
+                out[c] = n
+    return out
 
 
 def total_queue(c: Counts, exactly_once: bool = False) -> TotalQueue:

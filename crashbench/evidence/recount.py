@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from crashbench.evidence import tally, verdict
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.timeline import Timeline, TimelineError, read
 from crashbench.report import store
-from crashbench.report.results import DesignRun, Result, jsonable
+from crashbench.report.results import DesignRun, Result, counts_unknown_to, jsonable
 from crashbench.run.session import replay_scenario
 from crashbench.scenario import Scenario
 from crashbench.scenario.thresholds import ThresholdSyntaxError
@@ -85,9 +86,14 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
-def differences(saved: DesignRun, recounted: DesignRun) -> list[str]:
+def differences(saved: DesignRun, recounted: DesignRun, unknown: Collection[str] = ()) -> list[str]:
+    """What differs between the saved run and the recounted one; `unknown`: counts the saved file's
+    version does not carry (crashbench.report.results.ADDED_COUNTS), not compared."""
+
     def form(run: DesignRun) -> dict[str, Any]:
         data = jsonable(dataclasses.asdict(dataclasses.replace(run, timeline=None)))
+        for name in unknown:
+            data["counts"].pop(name, None)
         return json.loads(json.dumps({k: data[k] for k in COMPARED}))
 
     a, b = _flat("", form(saved)), _flat("", form(recounted))
@@ -117,8 +123,9 @@ def recount(result: Result, timelines: list[Timeline]) -> list[RunRecount]:
     out = []
     for tl, saved in zip(timelines, result.runs, strict=True):
         again = tally.design_run(tl)
+        found = differences(saved, again, counts_unknown_to(result.schema_version))
         out.append(RunRecount(tl.index, saved.design + (f" {saved.variant}" if saved.variant else ""),
-                              differences(saved, again) + scenario_differences(result, tl), again))  # fmt: skip
+                              found + scenario_differences(result, tl), again))  # fmt: skip
     return out
 
 

@@ -97,6 +97,7 @@ def design_run(tl: Timeline) -> DesignRun:
             drained=tl.drained, own_worker=flags.own_worker, kills=facts, ledger_problems=tl.ledger_problems,
             acknowledged=tl.acknowledged if produced else None,
             indeterminate=tl.indeterminate if produced else None,
+            drained_at=tl.drained_at, settled_at=tl.settled_at, backlog_after=tl.backlog_after,
         )
     )  # fmt: skip
     problems += tl.reading_problems  # where the harness's search and the design's reading disagreed
@@ -116,6 +117,7 @@ def design_run(tl: Timeline) -> DesignRun:
         cut_off=tl.cut_off,
     )
     c.worker_crashes = len(tl.exits)
+    problems += evidence.requeues(tl.state, ids, runs, tl.located, _redelivery(tl, sc, c, classes))
     c.empty_acks = sum(1 for f in runs.flags if f & EMPTY_ACK)
     done = classes["done"]
     c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if j not in done)
@@ -149,6 +151,8 @@ def design_run(tl: Timeline) -> DesignRun:
         k: sorted(classes[k])[:JOB_SAMPLE]
         for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
     }
+    if classes["taken_by_stop"]:  # only where the stop took any (and never in a result from before the count)
+        jobs["taken_by_stop"] = sorted(classes["taken_by_stop"])[:JOB_SAMPLE]
     if trim is not None:  # only where receipts were kept: a result saved before them recounts to the same ids
         jobs |= {
             "trimmed_unread": sorted(trim.unread)[:JOB_SAMPLE],
@@ -177,6 +181,23 @@ def design_run(tl: Timeline) -> DesignRun:
         warnings=tl.warnings,
         consumers=list(tl.located.consumers),
         timeline=tl,
+    )
+
+
+def _redelivery(tl: Timeline, sc: Scenario, c: counting.Counts, classes: dict) -> evidence.Redelivery:
+    times = [k.at for k in tl.kills] + [nf.at for nf in tl.network]
+    if tl.broker_fault is not None:
+        times.append(tl.broker_fault.at)
+    faults = len(tl.kills) + sum(max(1, len(nf.slots)) for nf in tl.network)
+    faults += sc.workers if tl.broker_fault is not None else 0
+    return evidence.Redelivery(
+        redelivered=classes["redelivered"],
+        redeliveries=c.redeliveries,
+        first_fault=min(times, default=math.inf),
+        faults=faults,
+        batch=sc.settings().batch_size,
+        counts_requeues=tl.design.counts_requeues,
+        broker_fault=tl.broker_fault is not None,
     )
 
 

@@ -27,10 +27,12 @@ result follow each other, each opened by its `run` line:
     located    the harness's final reading of Redis (with "streams": each stream's first entry, last
                generated id and pending entries whose data is gone, when it read a stream; and the
                streams' consumers), corrected by its own search for the run's token
-               (crashbench.evidence.keyspace)
+               (crashbench.evidence.keyspace); "stopped": the jobs held before the workers were
+               stopped and nowhere after, counted where they were (crashbench.run.reading)
     reading_problem  where that search and the design's reading disagreed: check, message, ids
     state      the design's own final report
-    end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir
+    end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir;
+               after a drain, settled_at and backlog_after (the watch after it: crashbench.run.drain)
 
 Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
 """
@@ -106,6 +108,7 @@ class DesignFlags:
     drops_failed: bool = False
     own_worker: bool = False
     exactly_once: bool = False
+    counts_requeues: bool = False
 
 
 @dataclass(slots=True)
@@ -144,6 +147,10 @@ class Timeline:
     drained_at: float = 0.0
     drained: bool = False
     cut_off: bool = False
+    # the watch after a drain (crashbench.run.drain.watch): its end, and the most backlog() said during it
+    # (-1: it could not tell); None: no watch (not drained, or a timeline from before it)
+    settled_at: float | None = None
+    backlog_after: int = -1
     inspect_s: float = 0.0
     workdir: str | None = None
 
@@ -220,6 +227,7 @@ class Timeline:
             "e": "located", "held": loc.held, "dead": loc.dead, "delayed": sorted(loc.delayed),
             "failed": sorted(loc.failed), "succeeded": sorted(loc.succeeded), **streams,
             "consumers": [asdict(c) for c in loc.consumers],
+            **({"stopped": sorted(loc.stopped)} if loc.stopped else {}),
         }  # fmt: skip
         for p in self.reading_problems:
             yield {"e": "reading_problem", **asdict(p)}
@@ -231,6 +239,7 @@ class Timeline:
         yield {
             "e": "end", "faults_end": self.faults_end, "drained_at": self.drained_at, "drained": self.drained,
             "cut_off": self.cut_off, "inspect_s": self.inspect_s, "workdir": self.workdir,
+            **({} if self.settled_at is None else {"settled_at": self.settled_at, "backlog_after": self.backlog_after}),
         }  # fmt: skip
 
 
@@ -348,6 +357,7 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.located = Located(
             d["held"], d["dead"], set(d["delayed"]), set(d["failed"]), set(d["succeeded"]), streams=streams,
             consumers=[Consumer(**c) for c in d.get("consumers", [])],  # since the consumers were read
+            stopped=set(d.get("stopped", [])),  # since Redis is read before the workers are stopped too
         )  # fmt: skip
     elif e == "reading_problem":
         tl.reading_problems.append(Problem(**d))
@@ -359,5 +369,6 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "end":
         tl.faults_end, tl.drained_at, tl.drained = d["faults_end"], d["drained_at"], d["drained"]
         tl.cut_off, tl.inspect_s, tl.workdir = d["cut_off"], d["inspect_s"], d["workdir"]
+        tl.settled_at, tl.backlog_after = d.get("settled_at"), d.get("backlog_after", -1)  # older ones: no watch
     else:
         raise ValueError(f"unknown event {e!r}")

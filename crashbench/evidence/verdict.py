@@ -10,7 +10,8 @@ known only from the result (its rule is evaluated again, but one deleted from th
 status edited to match is not seen), and a relative threshold is only as good as the baseline found.
 
 Results saved by an older crashbench are read the way their runs are (`compatible`): a field their
-file does not have is not compared; a count their summary lacks reads as the count's default, as a
+file does not have is not compared, nor a count added by a later schema version than the file's
+(crashbench.report.results.ADDED_COUNTS); a count their summary lacks reads as the count's default, as a
 count their runs lack does; the default thresholds (undrained == 0, ...), which results saved before
 them do not list, are left out of the listing of such a file, but not out of its status. The status
 is compared as the file states it and as its listed thresholds give it (what show and the gate act
@@ -28,7 +29,7 @@ from typing import Any
 from crashbench.errors import CrashbenchError
 from crashbench.evidence.counts import Counts
 from crashbench.report import store
-from crashbench.report.results import DesignRun, Result, Stats, jsonable, summarize
+from crashbench.report.results import DesignRun, Result, Stats, counts_unknown_to, jsonable, summarize
 from crashbench.run.session import evaluate
 from crashbench.scenario.thresholds import COUNT_NAMES, Threshold, ThresholdSyntaxError, parse
 
@@ -108,6 +109,7 @@ def compatible(saved: Result, again: Result) -> tuple[list[dict], list[dict]]:
     """The saved and recomputed summaries as an older file is read: a count its summary lacks is the
     count's default over the runs (the runs' own counts read so), not a difference."""
     defaults = {f.name: f.default for f in dataclasses.fields(Counts) if f.name in COUNT_NAMES}
+    unknown = counts_unknown_to(saved.schema_version)  # counts the file's version never had: not compared
     summary = []
     for s in saved.summary:
         entry = _form(dataclasses.asdict(s))
@@ -115,7 +117,11 @@ def compatible(saved: Result, again: Result) -> tuple[list[dict], list[dict]]:
             if name not in entry["counts"]:
                 entry["counts"][name] = _form(dataclasses.asdict(Stats(default, default, default, s.runs)))
         summary.append(entry)
-    return summary, [_form(dataclasses.asdict(s)) for s in again.summary]
+    theirs = [_form(dataclasses.asdict(s)) for s in again.summary]
+    for entry in (*summary, *theirs):
+        for name in unknown:
+            entry["counts"].pop(name, None)
+    return summary, theirs
 
 
 def differences(raw: dict[str, Any], saved: Result, again: Result) -> list[str]:

@@ -221,7 +221,7 @@ _ROWS: tuple[tuple[str, Callable[[DesignRun], float | None], Callable[[float], s
     ("failed", lambda r: r.counts.failed, number),
     ("dead-lettered", lambda r: r.counts.dead_lettered, number),
     ("duplicated", lambda r: r.counts.duplicated, number),
-    ("requeued", lambda r: r.counts.requeued, number),
+    ("redelivered", lambda r: r.counts.redelivered, number),
     ("jobs/s", lambda r: r.timings.jobs_per_s, lambda v: f"{v:.0f}"),
     ("recovery p95 (ms)", lambda r: r.timings.recovery_ms_p95, lambda v: f"{v:.0f}"),
 )

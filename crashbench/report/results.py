@@ -33,7 +33,16 @@ from crashbench.faults.records import WorkerExit as WorkerExit
 from crashbench.run.server import ServerInfo
 
 SCHEMA = "crashbench.result"
-SCHEMA_VERSION = 2  # 2: repeats, thresholds, result ids, the fault schedule and the machine
+SCHEMA_VERSION = 3  # 2: repeats, thresholds, result ids, the fault schedule and the machine; 3: redeliveries
+READS = (2, 3)  # the versions this crashbench reads
+# The counts each version added: a file of an older version never had them, so recount and the
+# verdict's check do not compare them (crashbench.evidence.recount, crashbench.evidence.verdict).
+ADDED_COUNTS = {3: ("redelivered", "redeliveries", "taken_by_stop")}
+
+
+def counts_unknown_to(version: int) -> set[str]:
+    """The counts a result file of `version` does not carry."""
+    return {name for v, names in ADDED_COUNTS.items() if v > version for name in names}
 
 
 @dataclass(slots=True)
@@ -264,8 +273,8 @@ class Result:
     def from_dict(cls, data: dict[str, Any]) -> Result:
         if data.get("schema") != SCHEMA:
             raise ValueError("not a crashbench result")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"schema version {data.get('schema_version')}; this crashbench reads {SCHEMA_VERSION}")
+        if data.get("schema_version") not in READS:
+            raise ValueError(f"schema version {data.get('schema_version')}; this crashbench reads {list(READS)}")
         return _build(cls, data)
 
 

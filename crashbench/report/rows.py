@@ -22,7 +22,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  overlapping", "duplicated_overlapping"),
     ("  sequential", "duplicated_sequential"),
     ("extra executions", "extra_executions"),
-    ("requeued", "requeued"),
+    ("redelivered", "redelivered"),
     ("  empty acks", "empty_acks"),
     ("failed attempts", "failed_attempts"),
     ("retried", "retried"),

@@ -7,6 +7,14 @@ than the window): a slow queue that still makes progress is not cut off, a stuck
 on forever. At most 10 windows after the last fault, whatever happens: a drain that hits that bound
 while handlers still start is `cut_off`, its backlog undrained rather than stranded.
 
+Progress is a handler starting or the backlog changing: a sweep that takes a dead worker's jobs one
+after another, 5 s each, without running them (saq as installed) is still at work, however many it
+has to take; the window covers the longest wait between two steps of a recovery, not the whole of it.
+
+Once drained, the workers keep running for WATCH_S more (`watch`): a handler that starts then, or a
+backlog() above 0 again, shows the 0 was wrong (crashbench.evidence.checks: backlog_wrong); jobs still
+held that nothing delivers are stranded, the design's own finding.
+
 A run with faults timed from the drain (crashbench.faults: after = "drained") drains twice, before
 those faults and after them; the second drain's outcome is the run's. If the first gives up, those
 faults are never made (they would meet a busy queue), and its outcome is the run's.
@@ -19,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 BOUND = 10  # windows after the last fault
+WATCH_S = 0.2  # seconds the workers keep running after the drain, watched
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +50,7 @@ def drain(
     next_check = 0.0
     empty_since: float | None = None
     deadline, hard = faults_end + window, faults_end + BOUND * window
-    seen = started()
+    seen, last = started(), -1  # the last backlog read that could tell
     while (now := clock()) < min(deadline, hard):
         tick()
         if started() != seen:
@@ -49,7 +58,12 @@ def drain(
             deadline = now + window
         if now >= next_check:
             next_check = now + 0.02
-            if busy() or backlog() != 0:
+            held = backlog()
+            if held >= 0:
+                if held != last and last >= 0:  # a recovery at work without running anything (saq's sweep)
+                    deadline = now + window
+                last = held
+            if busy() or held != 0:
                 empty_since = None
             else:
                 empty_since = now if empty_since is None else empty_since
@@ -57,3 +71,22 @@ def drain(
                     return Drained(True, False)
         time.sleep(period)
     return Drained(False, deadline > hard)  # a handler started within the last window: still progressing
+
+
+def watch(
+    tick: Callable[[], None],
+    clock: Callable[[], float],
+    backlog: Callable[[], int],
+    until: float,
+    period: float = 0.005,
+) -> int:
+    """Keep the run going until `until`, reading the design's backlog; the most it read (-1: it could
+    not tell). The handlers that start meanwhile are in the ledgers."""
+    most, next_check = -1, 0.0
+    while (now := clock()) < until:
+        tick()
+        if now >= next_check:
+            next_check = now + 0.02
+            most = max(most, backlog())
+        time.sleep(period)
+    return max(most, backlog())

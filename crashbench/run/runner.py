@@ -23,9 +23,9 @@ import redis
 
 from crashbench import jobids
 from crashbench.designs import Design, Located, Receipts, library_settings, load_design, receipts, safe_name
+from crashbench.designs.located import carry
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, keyspace, tally
-from crashbench.evidence.counts import Problem
 from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.search import Needle
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
@@ -35,8 +35,8 @@ from crashbench.faults.cluster import ClusterBroker, ClusterFaults
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.jobids import JobIds
 from crashbench.report.results import DesignRun, WorkerExit
-from crashbench.run import connect, lease, workdirs
-from crashbench.run.drain import drain
+from crashbench.run import connect, lease, reading, workdirs
+from crashbench.run.drain import WATCH_S, drain, watch
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
 from crashbench.run.progress import Progress
@@ -242,15 +242,22 @@ class CrashRun:
             faults_end = self.clock()
         drained_at = self.clock()
         self._sample_depth(drained_at, whole=True)  # the depth chart ends on a reading, not one held over
+        settled: tuple[float, int] | None = None  # the watch after the drain: its end, the most backlog() said
+        if ended.drained:
+            backlog = lambda: self._tolerant(self.design.backlog, -1)  # noqa: E731
+            most = watch(self._tick, self.clock, backlog, drained_at + WATCH_S, self.TICK)
+            settled = (self.clock(), most)
 
         self.phase = "counting"
         self._report(force=True)
+        before = self._final_reading().located  # before anything is stopped: the queue as the run left it
         self.sup.stop_all(grace=self._grace())
         self._collect_exits()
         self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
         self.design.recover(self.clock() + self.sc.stale_after)
-        return tally.design_run(self._timeline(ended.drained, ended.cut_off, drained_at, faults_end))
+        timeline = self._timeline(ended.drained, ended.cut_off, drained_at, faults_end, settled, before)
+        return tally.design_run(timeline)
 
     def _tick(self) -> None:
         if self.stop.raised:
@@ -369,37 +376,38 @@ class CrashRun:
     # -- counting --------------------------------------------------------------------------------
 
     def _locate(self, raw: redis.Redis | None = None) -> Located:
-        snapshot = self._snapshot = inspector.take(raw or self.raw, self.design.key_patterns())
-        self.inspect_s += snapshot.taken_s
-        return dataclasses.replace(self.design.locate(snapshot), consumers=snapshot.consumers())
+        located, self._snapshot = reading.locate(self.design, raw or self.raw)
+        self.inspect_s += self._snapshot.taken_s
+        return located
 
-    def _final_reading(self) -> tuple[Located, list[Problem]]:
+    def _final_reading(self) -> reading.Reading:
         """The design's reading of its keys, corrected by the harness's search of everything in scope for
-        the run's token (crashbench.evidence.keyspace), and the problems where the two disagree."""
-        located = self._locate()
-        started = time.perf_counter()
+        the run's token (crashbench.run.reading), and the problems where the two disagree."""
         url = self.broker.url if self.broker is not None else self.url
-        pool = getattr(self.raw, "connection_pool", None)  # a cluster client has none, and database 0 only
-        run_db = int(pool.connection_kwargs.get("db", 0) or 0) if pool is not None else 0
-        found = keyspace.search(self.design, self.needle, self._snapshot, self.scope, url, run_db)
-        per_entry = type(self.design).locate is Design.locate
-        located, problems = keyspace.reconcile(located, found, self.ledger.has_completed, per_entry)
-        self.inspect_s += time.perf_counter() - started
-        return located, problems
+        read = reading.final(self.design, self.raw, self.needle, self.scope, url, self.ledger.has_completed)
+        self._snapshot = read.snapshot
+        self.inspect_s += read.spent_s
+        return read
 
-    def _timeline(self, drained: bool, cut_off: bool, drained_at: float, faults_end: float) -> Timeline:
-        """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis."""
+    def _timeline(
+        self, drained: bool, cut_off: bool, drained_at: float, faults_end: float,
+        settled: tuple[float, int] | None, before: Located,
+    ) -> Timeline:  # fmt: skip
+        """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis
+        (what it held before the workers were stopped, and found nowhere after, counted there)."""
         state = self.design.state().canonical()
-        located, reading_problems = self._final_reading()
+        after = self._final_reading()
+        located, reading_problems = carry(before, after.located, self.ledger.has_completed), after.problems
         t0, bf = self.t0, self.broker_faults
         if self.producer is not None:
             enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in self.producer.chunks]
         else:
             enqueues = [Enqueue(rel(t, t0), chunk, entries=e) for t, chunk, e in self.enqueues]
         cls = self.design_cls
+        flags = DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once, cls.counts_requeues)
         return Timeline(
             index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
-            scenario=self.sc.to_dict(), design=DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once),
+            scenario=self.sc.to_dict(), design=flags,
             t0=t0, started=self.started, window=self.window, produced=self.producer is not None,
             configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
@@ -418,5 +426,7 @@ class CrashRun:
             reading_problems=reading_problems,
             held_after_promotion=sorted(bf.held_after_promotion) if bf else [],
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
-            inspect_s=round(self.inspect_s, 4), workdir=str(self.dir) if self.keep_dir else None,
+            settled_at=None if settled is None else rel(settled[0], t0),
+            backlog_after=-1 if settled is None else settled[1], inspect_s=round(self.inspect_s, 4),
+            workdir=str(self.dir) if self.keep_dir else None,
         )  # fmt: skip
