@@ -124,13 +124,16 @@ def test_locate_reads_saq_lists_and_job_statuses() -> None:
         body("000004", status="queued", retry_delay=1.0), body("000005", status="queued"),
         # ended: saq keeps the body for its ttl with the outcome
         body("000006", status="failed"), body("000007", status="aborted"), body("000008", status="complete"),
-        body("000010", status="aborting"),  # taken out of every list by a sweep: in flux, not held
+        # taken out of every list by a sweep, in its body alone: held there (a sweep still deciding it
+        # keeps the drain going, crashbench.designs.saqlib.backlog; one whose worker died, never decides)
+        body("000010", status="aborting"),
         _key(neighbour, "string", json.dumps({"status": "failed"})),  # another run's: never ours
         _key(q + "stats", "zset", q + "worker_info:w1"), _key(q + "worker_info:w1", "string", "{}"),
     ]  # fmt: skip
     found = d.locate(Snapshot({k.name: k for k in keys}))
     assert found.held == {
         "000001": ["queued"], "000002": ["active"], "000004": ["incomplete"], "000005": ["incomplete"],
+        "000010": ["no list (aborting)"],
     }  # fmt: skip
     assert found.delayed == {"000004"}
     assert found.failed == {"000006", "000007"}
@@ -160,6 +163,8 @@ def test_backlog_waits_for_a_job_a_sweep_has_in_hand(client: redis.Redis) -> Non
         d._aborting = (0, 0.0)  # type: ignore[attr-defined]
         d._aborting_since[saq_id] -= 10.5  # type: ignore[attr-defined]  # 000001 undecided 10.5 s: orphaned
         assert d.backlog() == 1
+        # Nothing delivers it, but its body is in Redis: held there (stranded), in state() as in locate.
+        assert d.state().held == {"000001": "no list (aborting)", "000002": "no list (aborting)"}
         # Finished aborted with retries left: the sweep retries it next; with none left, it is over.
         client.set(d.ids + "000002", json.dumps({"status": "aborted", "retries": 3, "attempts": 1}))  # type: ignore[attr-defined]
         d._aborting = (0, 0.0)  # type: ignore[attr-defined]

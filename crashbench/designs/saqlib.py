@@ -14,7 +14,9 @@ queue's name is the run prefix P without its trailing ":" and each job's key is 
                         (600 s) after it ends with status complete / failed / aborted
     saq:abort:P<id>     set for 5 s while a sweep aborts the job
     saq:P sweep, schedule, stats, worker_info:<uuid>   locks and the workers' health
-A list names saq ids only; a job is held there only while its body exists.
+A list names saq ids only; a job is held there only while its body exists. A body no list names
+and not ended (a sweep whose worker died in its 5 s wait leaves it "aborting") is held at
+"no list (<status>)": nothing delivers it again.
 
 saq acknowledges nothing before a job ends: a killed worker's jobs stay in `active` with status
 active. Every worker runs a sweep every timers["sweep"] s (one at a time: the sweep key is a lock of
@@ -106,6 +108,11 @@ def _in_sweep(body: dict[str, Any]) -> bool:
     """Whether a sweep may still retry this job: it is aborting, or aborted with retries left."""
     retries, attempts = body.get("retries", JOB_DEFAULTS["retries"]), body.get("attempts", 0)
     return body.get("status") == "aborting" or (body.get("status") == "aborted" and retries > attempts)
+
+
+def _unlisted(status: object) -> str:
+    """Where a job is held that no list names, only its body: "no list (aborting)"."""
+    return f"no list ({status})"
 
 
 class SaqQueue(LibraryDesign):
@@ -277,7 +284,13 @@ class SaqQueue(LibraryDesign):
         names = sorted({i for i, _ in places})
         bodies = dict(zip(names, self.r.mget(names), strict=True)) if names else {}
         held = {i.removeprefix(self.ids): w for i, w in places if i.startswith(self.ids) and bodies.get(i)}
-        failed = {n.removeprefix(self.ids) for n, raw in self._bodies().items() if _body(raw).get("status") in FAILED}
+        failed: set[str] = set()
+        for n, raw in self._bodies().items():
+            status = _body(raw).get("status")
+            if status in FAILED:
+                failed.add(n.removeprefix(self.ids))
+            elif status != "complete" and n not in names:
+                held[n.removeprefix(self.ids)] = _unlisted(status)
         return QueueState(held=held, failed=failed)
 
     def key_patterns(self) -> list[str]:
@@ -300,10 +313,13 @@ class SaqQueue(LibraryDesign):
         for saq_id, where in places:
             if saq_id in bodies:  # saq skips an id whose body is gone
                 found.add(saq_id.removeprefix(self.ids), where, self._kind(where, bodies[saq_id]))
+        listed = {saq_id for saq_id, _ in places}
         for saq_id, body in bodies.items():
             status = body.get("status")
             if status in FAILED or status == "complete":
                 found.add(saq_id.removeprefix(self.ids), "job", "failed" if status in FAILED else "succeeded")
+            elif saq_id not in listed:  # its body alone: a sweep that lost its worker left it "aborting"
+                found.add(saq_id.removeprefix(self.ids), _unlisted(status))
         return found
 
 
