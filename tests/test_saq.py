@@ -67,15 +67,17 @@ def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
     c = run.counts
     assert run.problems == []
     assert c.kills_mid_job == 2 and c.interrupted == 2, run.kills
-    assert (c.stranded, c.failed, c.dead_lettered) == (0, 0, 0)
-    assert run.jobs["stranded"] == run.jobs["undrained"] == run.jobs["failed"] == []
+    assert (c.lost, c.failed, c.dead_lettered) == (0, 0, 0)
+    assert run.jobs["undrained"] == run.jobs["failed"] == []
     # A sweep takes its job out of every list before it decides, and decides 5 s later in its worker's
-    # memory: a kill landing on that worker meanwhile (the start-up sweep's, here) loses that job.
-    assert c.lost <= 1 and c.done + c.lost == c.enqueued == 150, run.jobs["lost"]
+    # memory: a kill landing on that worker meanwhile (the start-up sweep's, here) leaves the job in
+    # its body alone, "aborting", which nothing delivers: stranded there.
+    assert c.stranded <= 1 and c.done + c.stranded == c.enqueued == 150, run.jobs["stranded"]
+    assert c.stranded_at in ({}, {"no list (aborting)": 1})
     for k in run.kills:
         # Every other killed job ran again: after its sweep's 5 s wait, or sooner when the start-up
         # sweep had taken it already (it retries what it took, whether or not its worker died).
-        if k.job not in run.jobs["lost"]:
+        if k.job not in run.jobs["stranded"]:
             assert k.recovered_after_ms is not None and k.recovered_after_ms < 30_000, run.kills
 
 
