@@ -14,12 +14,11 @@ import pytest
 import redis
 from designs_saboteur import PHANTOMS, GhostState, planted
 
-from tests import independent
-
 from crashbench.errors import UnexpectedError
 from crashbench.run.session import Options, run_designs
 from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
+from tests import independent
 
 
 def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
