@@ -104,6 +104,11 @@ def test_a_job_started_in_the_watch_after_the_drain_is_a_wrong_backlog() -> None
     assert fired(ev) == {"backlog_wrong": ["c"]}
     ev.executions[-1] = ex("c", "w2", start=5.3, end=5.35)  # after the watch: the workers were being stopped
     assert fired(ev) == {}
+    ev.executions[-1] = ex("c", "w2", start=5.1, end=5.15)
+    ev.held_at_drain = ["c"]  # Redis held it as the drain ended: backlog() did not count it
+    assert fired(ev) == {"backlog_wrong": ["c"]}
+    ev.held_at_drain = []  # a worker had taken it already (read ahead, waiting for a thread): no lie
+    assert fired(ev) == {}
 
 
 def test_a_backlog_that_comes_back_above_zero_is_a_wrong_backlog() -> None:

@@ -57,6 +57,7 @@ class Evidence:
     drained_at: float = 0.0
     settled_at: float | None = None
     backlog_after: int = -1
+    held_at_drain: Collection[str] | None = None  # the ids Redis held as the watch began (None: not read)
 
 
 def check(ev: Evidence) -> list[Problem]:
@@ -117,9 +118,11 @@ def _held_twice(located: Located) -> list[Problem]:
 
 
 def _backlog(ev: Evidence, runs: Executions) -> list[Problem]:
-    """The drain's 0 was wrong when something was still delivered after it: a handler started during
-    the watch after the drain, or backlog() said more than 0 again. Held jobs that nothing delivers are
-    stranded, the design's own finding. A timeline from before the watch: jobs held, not delayed."""
+    """The drain's 0 was wrong when something was still delivered after it: a job Redis held as the
+    drain ended started during the watch after it, or backlog() said more than 0 again. A job a worker
+    had already taken out of Redis (a library's read-ahead, waiting for a thread) is no lie of
+    backlog(). Held jobs that nothing delivers are stranded, the design's own finding. A timeline from
+    before the watch: jobs held, not delayed."""
     if not ev.drained:
         return []
     if ev.settled_at is None:
@@ -129,6 +132,9 @@ def _backlog(ev: Evidence, runs: Executions) -> list[Problem]:
         )
     lo, hi = ev.drained_at, ev.settled_at
     started = {runs.job(r) for r, t in enumerate(runs.starts) if lo < t <= hi}
+    if ev.held_at_drain is not None:  # a job a worker had already taken (a library's read-ahead) is no lie
+        held = set(ev.held_at_drain)
+        started = {j for j in started if j in held}
     if not started and ev.backlog_after <= 0:
         return []
     again = f"; backlog() said {ev.backlog_after} again" if ev.backlog_after > 0 else ""

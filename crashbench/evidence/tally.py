@@ -98,6 +98,7 @@ def design_run(tl: Timeline) -> DesignRun:
             acknowledged=tl.acknowledged if produced else None,
             indeterminate=tl.indeterminate if produced else None,
             drained_at=tl.drained_at, settled_at=tl.settled_at, backlog_after=tl.backlog_after,
+            held_at_drain=tl.held_at_drain,
         )
     )  # fmt: skip
     problems += tl.reading_problems  # where the harness's search and the design's reading disagreed

@@ -32,7 +32,8 @@ result follow each other, each opened by its `run` line:
     reading_problem  where that search and the design's reading disagreed: check, message, ids
     state      the design's own final report
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir;
-               after a drain, settled_at and backlog_after (the watch after it: crashbench.run.drain)
+               after a drain, settled_at, backlog_after and held_at_drain (the watch after it, and the ids
+               Redis held as it began: crashbench.run.drain)
 
 Size: one `x` line per execution (start and end together) is about 30 bytes gzipped.
 """
@@ -151,6 +152,7 @@ class Timeline:
     # (-1: it could not tell); None: no watch (not drained, or a timeline from before it)
     settled_at: float | None = None
     backlog_after: int = -1
+    held_at_drain: list[str] | None = None  # the ids Redis held as the watch began (None: not read)
     inspect_s: float = 0.0
     workdir: str | None = None
 
@@ -240,6 +242,7 @@ class Timeline:
             "e": "end", "faults_end": self.faults_end, "drained_at": self.drained_at, "drained": self.drained,
             "cut_off": self.cut_off, "inspect_s": self.inspect_s, "workdir": self.workdir,
             **({} if self.settled_at is None else {"settled_at": self.settled_at, "backlog_after": self.backlog_after}),
+            **({} if self.held_at_drain is None else {"held_at_drain": self.held_at_drain}),
         }  # fmt: skip
 
 
@@ -370,5 +373,6 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.faults_end, tl.drained_at, tl.drained = d["faults_end"], d["drained_at"], d["drained"]
         tl.cut_off, tl.inspect_s, tl.workdir = d["cut_off"], d["inspect_s"], d["workdir"]
         tl.settled_at, tl.backlog_after = d.get("settled_at"), d.get("backlog_after", -1)  # older ones: no watch
+        tl.held_at_drain = d.get("held_at_drain")
     else:
         raise ValueError(f"unknown event {e!r}")

@@ -242,11 +242,13 @@ class CrashRun:
             faults_end = self.clock()
         drained_at = self.clock()
         self._sample_depth(drained_at, whole=True)  # the depth chart ends on a reading, not one held over
-        settled: tuple[float, int] | None = None  # the watch after the drain: its end, the most backlog() said
+        # The watch after the drain: its end, the most backlog() said, and what Redis held as it began.
+        settled: tuple[float, int, list[str]] | None = None
         if ended.drained:
+            held = sorted(self._final_reading().located.held)
             backlog = lambda: self._tolerant(self.design.backlog, -1)  # noqa: E731
             most = watch(self._tick, self.clock, backlog, drained_at + WATCH_S, self.TICK)
-            settled = (self.clock(), most)
+            settled = (self.clock(), most, held)
 
         self.phase = "counting"
         self._report(force=True)
@@ -391,7 +393,7 @@ class CrashRun:
 
     def _timeline(
         self, drained: bool, cut_off: bool, drained_at: float, faults_end: float,
-        settled: tuple[float, int] | None, before: Located,
+        settled: tuple[float, int, list[str]] | None, before: Located,
     ) -> Timeline:  # fmt: skip
         """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis
         (what it held before the workers were stopped, and found nowhere after, counted there)."""
@@ -427,6 +429,7 @@ class CrashRun:
             held_after_promotion=sorted(bf.held_after_promotion) if bf else [],
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
             settled_at=None if settled is None else rel(settled[0], t0),
-            backlog_after=-1 if settled is None else settled[1], inspect_s=round(self.inspect_s, 4),
+            backlog_after=-1 if settled is None else settled[1], held_at_drain=None if settled is None else settled[2],
+            inspect_s=round(self.inspect_s, 4),
             workdir=str(self.dir) if self.keep_dir else None,
         )  # fmt: skip
