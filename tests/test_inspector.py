@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from crashbench import jobids
-from crashbench.designs import DesignSettings
+from crashbench.designs import DesignSettings, Job
 from crashbench.designs.reliable import ReliableQueue
+from crashbench.designs.stream import StreamQueue
 from crashbench.evidence import depth, inspector
 from crashbench.evidence.search import Needle
 
@@ -103,8 +104,8 @@ def test_a_depth_reading_goes_on_over_ticks_and_is_dated_when_it_began(
     """A big backlog is read a slice per tick, so that the runner's loop (which restarts killed workers)
     is never held up for the seconds a reading of millions takes; the sample is the complete reading."""
     monkeypatch.setattr(depth.Reader, "PIECE", 5)
-    q = ReliableQueue(client, "insp:5:", DesignSettings())
-    client.rpush("insp:5:pending", *[json.dumps({"id": f"{i:06d}", "payload": "", "attempts": 0}) for i in range(50)])
+    q = ReliableQueue(client, "insp:big:", DesignSettings())
+    client.rpush("insp:big:pending", *[json.dumps({"id": f"{i:06d}", "payload": "", "attempts": 0}) for i in range(50)])
     raw = inspector.raw_client(valkey_url)
     sampler = depth.Sampler()
     sampler.SLICE = 0.0  # one piece per step
@@ -119,3 +120,41 @@ def test_a_depth_reading_goes_on_over_ticks_and_is_dated_when_it_began(
     assert sampler.next >= 110.25 and not sampler.due(110.2)
     sampler.step(300.0, 100.0, lambda: depth.Reader(q, raw, set()), whole=True)  # at once, a fresh one
     assert [(d.t, d.pending) for d in sampler.samples[1:]] == [(200.0, 50)]
+
+
+def test_the_depth_of_a_large_backlog_is_counted_not_read(
+    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the run's token, a key of more than LARGE entries is counted by its length and a stream's
+    undelivered entries by its group's lag, neither read; its pending entries are still searched, so
+    a job inside a handler is not waiting. After an XDEL the server cannot tell a lag: read whole."""
+    monkeypatch.setattr(depth.Reader, "LARGE", 10)
+    token = jobids.token()
+    jobids.register(token)
+    needle = Needle(token)
+    raw = inspector.raw_client(valkey_url)
+    q = ReliableQueue(client, "insp:large:", DesignSettings())
+    client.rpush("insp:large:pending", *[json.dumps({"id": f"{token}{i:06d}", "payload": ""}) for i in range(30)])
+    client.rpush("insp:large:dead", *[json.dumps({"id": f"{token}{i:06d}", "payload": ""}) for i in range(30, 33)])
+    read: list[str] = []
+    monkeypatch.setattr(inspector, "key_pieces", lambda r, name, text, *a: read.append(text) or iter(()))
+    found = depth.Reader(q, raw, set(), needle).step()
+    assert found is not None and (found.pending, found.dead) == (30, 0)  # the dead list (3) is read, here: not
+    assert read == ["insp:large:dead"]  # ... the 30 waiting were counted, the small list was read
+    monkeypatch.undo()
+
+    s = StreamQueue(client, "insp:bigs:", DesignSettings())
+    s.setup()
+    s.enqueue([Job(f"{token}{i:06d}") for i in range(25)])
+    stream = "insp:bigs:stream"
+    group = client.xinfo_groups(stream)[0]["name"]
+    client.xreadgroup(group, "w1", {stream: ">"}, count=5)  # 5 delivered, pending; 20 undelivered
+    inside = {"000001", "000002"}  # two of the five inside a handler
+    found = depth.Reader(s, raw, inside, needle).step()
+    assert found is not None and found.pending == 20 + 3
+    assert inspector.stream_counted(raw, stream.encode(), stream) is not None
+    last = client.xrevrange(stream, "+", "-", count=1)[0][0]
+    client.xdel(stream, last)  # an undelivered entry deleted: the server can no longer tell the lag
+    assert inspector.stream_counted(raw, stream.encode(), stream) is None
+    found = depth.Reader(s, raw, inside, needle).step()  # read whole, as before
+    assert found is not None and found.pending == 19 + 3

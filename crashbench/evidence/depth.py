@@ -11,14 +11,17 @@ A reading in pieces can also be taken in slices of time (`Reader.step`): the ent
 are read later, as a reading of a list in chunks already was. Given the run's token, such a piece is
 counted by the harness's own search (crashbench.evidence.search: one regex over the piece's bytes)
 rather than through `locate`, which decodes each entry: a backlog of 100,000 jobs is then read in a
-fraction of the time, so that sampling the depth stays a small share of any run.
+fraction of the time, so that sampling the depth stays a small share of any run; a stream's undelivered
+entries are not read at all but counted (its groups' lag), only its pending entries are searched, and
+a list, set, sorted set or hash of more than LARGE entries is counted by its length, one job an entry
+(a job stored twice there counts twice in the chart: the counts never come from it).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -44,6 +47,7 @@ class Reader:
     ten million entries (seconds) never holds up the loop that restarts killed workers."""
 
     PIECE = 500  # entries per piece: read and located in about 2 ms, the finest a slice can be
+    LARGE = 2000  # entries beyond which a key is counted, not read (with the run's token)
 
     def __init__(
         self, design: Design, raw: redis.Redis, inside: AbstractSet[str], needle: Needle | None = None
@@ -51,7 +55,7 @@ class Reader:
         self.design, self.raw, self.inside, self.needle = design, raw, inside, needle
         self.inside_codes = {jobids.code(j) for j in inside}
         whole = type(design).locate is not Design.locate  # a library's locate may join keys
-        self.pieces = None if whole else inspector.pieces(raw, design.key_patterns(), self.PIECE)
+        self.pieces = None if whole else self._pieces()
         self.held, self.dead = jobids.Marks(), jobids.Marks()
         self.pending = self.delayed = self.dead_n = 0
         self.spent = 0.0  # seconds spent in steps: the reading's cost
@@ -72,6 +76,34 @@ class Reader:
         finally:
             self.spent += time.perf_counter() - started
         return Reading(self.pending, self.delayed, self.dead_n, self.spent)
+
+    def _pieces(self) -> Iterator[inspector.StoredKey]:
+        """The design's keys a piece at a time; with the run's token, a stream's undelivered entries are
+        counted, not read (inspector.stream_counted), each a job waiting."""
+        for name, text, kind in inspector.listing(self.raw, self.design.key_patterns()):
+            counted = self._counted(name, text, kind) if self.needle else None
+            if counted is None:
+                yield from inspector.key_pieces(self.raw, name, text, kind, self.PIECE)
+                continue
+            key, waiting = counted
+            rel = self.design.relative(text)
+            if not matches(rel, self.design.BOOKKEEPING):
+                if matches(rel, self.design.DEAD_LETTERS):
+                    self.dead_n += waiting
+                else:
+                    self.pending += waiting  # undelivered: inside no handler
+            yield key  # its pending entries, searched as any piece
+
+    def _counted(self, name: bytes, text: str, kind: str) -> tuple[inspector.StoredKey, int] | None:
+        """A stream, or a list, set, sorted set or hash of more than LARGE entries: its entries waiting
+        counted, one job each, not read (None: read it). A big backlog waits in one such key, and
+        holds no job inside a handler (those sit in small processing lists or pending entries)."""
+        if kind == "stream":
+            return inspector.stream_counted(self.raw, name, text)
+        size = {"list": self.raw.llen, "set": self.raw.scard, "zset": self.raw.zcard, "hash": self.raw.hlen}.get(kind)
+        if size is None or (n := int(size(name))) <= self.LARGE:
+            return None
+        return inspector.StoredKey(text, kind), n
 
     def _count(self, piece: inspector.StoredKey) -> None:
         if self.needle is not None:
@@ -116,7 +148,7 @@ class Sampler:
     reading is slow (a large backlog), so that they cost at most 1/COST of the run, SLICE per tick."""
 
     EVERY = 0.25  # seconds between readings
-    COST = 50  # ... and at least this many times as long as the last reading took (<= 2 % of the run)
+    COST = 100  # ... and at least this many times as long as the last reading took (<= 1 % of the run)
     SLICE = 0.005  # seconds of reading per tick: a big backlog is read over many ticks
 
     def __init__(self) -> None:
