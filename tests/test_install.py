@@ -78,3 +78,23 @@ def test_installed_crashbench_runs_the_default_scenario_from_another_directory(i
     assert data["scenario"]["name"] == "default"
     assert "site-packages" in data["scenario"]["source"]
     assert data["runs"][0]["counts"]["enqueued"] == 200
+
+
+@pytest.mark.parametrize("design", ["arq", "saq"])
+def test_installed_crashbench_runs_library_workers_under_another_interpreter(
+    installed: Path, tmp_path: Path, design: str
+) -> None:
+    """--worker-python after a plain install, from a directory that is not the checkout: the other
+    interpreter imports the installed package (it once linked crashbench/run in its place, and only
+    the checkout on sys.path hid it: `No module named 'crashbench.run'`)."""
+    from tests.test_worker_python import arq_python
+
+    python = arq_python()  # .venv/arq: arq and saq, under redis-py 5
+    out = tmp_path / "result.json"
+    cmd = [str(installed / "crashbench"), "run", "--design", design, "--jobs", "30", "--kills", "0", "--plain",
+           "--worker-python", python, "--out", str(out)]  # fmt: skip
+    cp = run(cmd, cwd=tmp_path, timeout=300)
+    assert cp.returncode in (0, 1), cp.stderr + cp.stdout
+    data = json.loads(out.read_text())
+    assert data["runs"][0]["counts"]["done"] == 30 and data["runs"][0]["problems"] == []
+    assert data["environment"]["worker_python"] == python and design in data["environment"]["libraries"]
