@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
+.PHONY: compare test system-deps lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,20 @@ $(ARQ_STAMP): Makefile | $(STAMP)
 compare: $(STAMP)  ## crashbench compare on the default scenario, embedded server
 	$(BIN)/crashbench compare
 
-test: $(STAMP) $(ARQ_STAMP)  ## the test suite (starts its own servers)
+# What some tests need from the system (network partitions: ip and iptables), installed when it can
+# be (as root, with apt-get), so that CI runs every test; otherwise those tests skip and say why.
+SYSTEM_PACKAGES := iproute2:ip iptables:iptables
+system-deps:
+	@for pc in $(SYSTEM_PACKAGES); do pkg=$${pc%%:*}; cmd=$${pc##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 && continue; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing $$pkg (apt-get) for the tests that need $$cmd"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkg >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkg >/dev/null 2>&1; } || \
+	      echo "could not install $$pkg: the tests that need $$cmd will skip"; \
+	  else echo "no $$cmd (not root, or no apt-get): the tests that need it will skip"; fi; done
+
+test: $(STAMP) $(ARQ_STAMP) system-deps  ## the test suite (starts its own servers; installs iptables as root)
 	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)

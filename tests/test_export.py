@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import io
 import os
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -373,16 +374,32 @@ def test_check_paths_accepts_writable_paths_and_leaves_them_as_they_were(tmp_pat
     assert existing.read_text() == "keep me\n"
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
-def test_check_paths_rejects_an_unwritable_directory(tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
-    try:
-        with pytest.raises(UsageError, match="not writable"):
-            check_paths([locked / "out.csv"])
-    finally:
-        locked.chmod(0o755)
+def test_check_paths_rejects_an_unwritable_directory() -> None:
+    """Root can write anywhere: as root, the check runs in a child that has given up root for nobody's
+    uid, so that CI (root) runs it too."""
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)  # nobody may enter it
+        locked = Path(d, "locked")
+        locked.mkdir()
+        locked.chmod(0o555)
+        if os.geteuid() != 0:
+            with pytest.raises(UsageError, match="not writable"):
+                check_paths([locked / "out.csv"])
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, then the check; its exit code says what happened
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                check_paths([locked / "out.csv"])
+                code = 1  # accepted: the check is broken
+            except UsageError as exc:
+                code = 0 if "not writable" in exc.message else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
 
 
 # --- write_exports --------------------------------------------------------------------------------
