@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test system-deps lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
+.PHONY: compare test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,8 +36,14 @@ system-deps:
 	      echo "could not install $$pkg: the tests that need $$cmd will skip"; \
 	  else echo "no $$cmd (not root, or no apt-get): the tests that need it will skip"; fi; done
 
+# In parallel (pytest-xdist): the tests mostly wait on real processes and servers, each test process
+# starts its own servers on free ports. TEST_WORKERS=1 runs them one at a time.
+TEST_WORKERS ?= 4
 test: $(STAMP) $(ARQ_STAMP) system-deps  ## the test suite (starts its own servers; installs iptables as root)
-	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q
+	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+test-fast: $(STAMP) $(ARQ_STAMP)  ## the tests not marked slow, for the edit loop (under a minute)
+	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

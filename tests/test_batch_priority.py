@@ -21,6 +21,7 @@ from crashbench.designs.reliable_batch import ReliableBatchQueue
 from crashbench.designs.stream_batch import StreamBatchQueue
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.report.results import DesignRun
+from crashbench.run.lease import namespace
 from crashbench.run.server import cleanup_keys
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
@@ -338,7 +339,7 @@ def test_high_jobs_overtake_the_low_backlog_with_real_workers(valkey_url: str, s
     finally:
         assert run.workdir is not None
         shutil.rmtree(run.workdir, ignore_errors=True)
-        cleanup_keys(valkey_url, run.prefix)
+        cleanup_keys(valkey_url, namespace(run.prefix))  # its keys and the session's lease (kept: --keep)
     assert_evidence_agrees(run)
     assert run.counts.done == run.counts.executions == 600
     assert len(executions) == 600

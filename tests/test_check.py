@@ -37,6 +37,7 @@ def saved(store: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_repeat_keeps_every_run_with_its_seed_and_schedule_and_shows_the_spread(store: Path) -> None:
     data = saved(store)
     runs = data["runs"]
@@ -272,6 +273,7 @@ def test_check_a_threshold_for_a_design_not_in_the_saved_result_is_a_usage_error
     assert_clean_error(check_file(typo, tmp_path=tmp_path), ExitCode.USAGE, "[expect.relable]")
 
 
+@pytest.mark.slow
 def test_bench_results_share_the_store_without_taking_latest(store: Path, tmp_path: Path) -> None:
     """A bench run after a crash run: `latest` is still the crash result for show, replay, check
     --results and --baseline; `results` lists both, the bench one marked; a bench id is refused

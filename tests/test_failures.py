@@ -60,6 +60,7 @@ def test_naive_drops_every_failing_job(valkey_url: str, failing: Scenario) -> No
     assert (c.retried, c.dead_lettered, c.lost) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
     valkey_url: str, small: Scenario, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
         assert run.timings.recovery_ms_max is not None
 
 
+@pytest.mark.slow
 def test_sigterm_is_a_graceful_stop_that_loses_and_repeats_nothing(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, signal="SIGTERM")
     for run in run_designs(sc, ["naive", "reliable", "stream"], Options(redis_url=valkey_url)).runs:
@@ -97,6 +99,7 @@ def test_sigterm_is_a_graceful_stop_that_loses_and_repeats_nothing(valkey_url: s
         assert c.done == c.enqueued
 
 
+@pytest.mark.slow
 def test_heartbeats_inside_long_jobs_prevent_the_duplicates(valkey_url: str, small: Scenario) -> None:
     # Every job takes 0.3 s, twice the 0.15 s threshold.
     sc = dataclasses.replace(small, jobs=8, job_ms=300, kills=0, stale_after=0.15, recover_every=0.03)

@@ -61,6 +61,7 @@ def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_na
     assert "outside_namespace" in found and "db3/" in found["outside_namespace"], found
 
 
+@pytest.mark.slow
 def test_honest_designs_raise_no_reading_problem_under_kills(valkey_url: str, small: Scenario) -> None:
     sc = dataclasses.replace(small, kills=3)
     designs = ["reliable", "stream", "reliable-batch", "priority", "stream-reuse", "sharded"]

@@ -20,6 +20,9 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 
 def installed(module: str) -> pytest.MarkDecorator:
     """Library tests run where the library is (the test extra installs them all)."""

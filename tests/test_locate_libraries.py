@@ -21,6 +21,9 @@ from crashbench.evidence import inspector
 from crashbench.evidence.checks import Evidence, check
 from tests.test_libraries import installed
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 JOBS = ["000001", "000002", "000003", "000004", "000005"]
 NEIGHBOUR_JOBS = ["900001", "900002"]  # enqueued by another run on the same server: never located
 

@@ -20,6 +20,9 @@ from redis.retry import Retry
 from crashbench.faults import netns
 from crashbench.run.server import EmbeddedServer, find_server_binary
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 TEXT: dict = {"capture_output": True, "text": True, "check": True, "timeout": 10}
 Say = Callable[..., None]
 Body = Callable[[Say, Callable[[], None]], None]

@@ -26,6 +26,9 @@ from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def proxy(valkey_url: str, tmp_path: Path) -> ProxyProcess:

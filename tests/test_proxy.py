@@ -20,6 +20,9 @@ import pytest
 from crashbench.errors import RunAborted
 from crashbench.faults.proxyctl import ProxyProcess
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def echo() -> Iterator[int]:

@@ -174,6 +174,7 @@ def bare_result(timelines: list[Timeline]) -> Result:
     return Result("id", "run", "now", {"name": "big", "workers": 8}, "fp", [], env)
 
 
+@pytest.mark.slow
 def test_a_huge_run_is_drawn_aggregated_and_stays_small() -> None:
     tl = synthetic(1_000_000)
     started = time.perf_counter()

@@ -19,6 +19,9 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.test_worker_python import arq_python
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 NO_SERVER = redis.Redis(host="127.0.0.1", port=1)  # the designs only build their keys and options here
 
 

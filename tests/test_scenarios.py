@@ -18,6 +18,9 @@ from crashbench.errors import ExitCode
 from crashbench.evidence import recount
 from crashbench.run.session import Options, run_designs
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 # Run whole here, within the suite's time budget. `make scenarios` checks every shipped scenario the
 # same way (pause, graceful, long-jobs, the failovers and the persistence variants of broker-kill too);
 # tests/test_failures.py and tests/test_broker.py prove the figures of those on smaller workloads.

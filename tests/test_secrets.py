@@ -175,6 +175,7 @@ def kept_dirs(result: Path) -> list[Path]:
     ],
     ids=["forked", "worker-python", "celery"],
 )
+@pytest.mark.slow
 def test_a_run_with_a_password_leaks_it_nowhere(
     secured: Secured, tmp_path: Path, design: str, extra: list[str]
 ) -> None:

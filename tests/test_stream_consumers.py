@@ -30,6 +30,9 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from crashbench.scenario.thresholds import Threshold, evaluate
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 SETTINGS = DesignSettings(stale_after=60.0, recover_every=0.0, max_attempts=3)
 
 

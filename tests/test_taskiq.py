@@ -15,7 +15,7 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.test_libraries import installed
 
-pytestmark = installed("taskiq_redis")
+pytestmark = [installed("taskiq_redis"), pytest.mark.slow]  # a real library: not in make test-fast
 
 
 @pytest.mark.parametrize("design", ["taskiq", "taskiq:stream", "taskiq:reliable"])

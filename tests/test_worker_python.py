@@ -15,12 +15,16 @@ from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
+# Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def arq_python() -> str:
     """The interpreter with arq that `make test` creates (.venv/arq); the arq tests need it."""
-    path = os.environ.get("CRASHBENCH_ARQ_PYTHON") or str(ROOT / ".venv" / "arq" / "bin" / "python")
+    # Absolute (not resolved: a venv's python is a link), for tests that run from another directory.
+    path = os.path.abspath(os.environ.get("CRASHBENCH_ARQ_PYTHON") or str(ROOT / ".venv" / "arq" / "bin" / "python"))
     if not Path(path).exists():
         pytest.skip(f"no interpreter with arq at {path} (make test creates it)")
     return path

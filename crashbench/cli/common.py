@@ -49,9 +49,10 @@ def fail(exc: CrashbenchError) -> None:
     # The exit code is decided: a Ctrl-C now must not turn it into a traceback or a death by SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Messages quote user input ("[expect.relable]"), which rich would take for markup and drop.
-    err.print(f"[bold red]crashbench: error:[/] {escape(exc.message)}", highlight=False, markup=True)
+    # soft_wrap: one line however narrow the terminal (a CI log's is 80 columns), never wrapped by rich.
+    err.print(f"[bold red]crashbench: error:[/] {escape(exc.message)}", highlight=False, markup=True, soft_wrap=True)
     if exc.hint:
-        err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
+        err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
     sys.exit(int(exc.exit_code))
 
 
