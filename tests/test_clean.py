@@ -83,7 +83,35 @@ def test_clean_without_a_server_exits_3_and_without_a_url_2() -> None:
     runner = CliRunner()
     unreachable = runner.invoke(cli, ["clean", "--redis-url", "redis://127.0.0.1:1/0"])
     assert unreachable.exit_code == ExitCode.SERVER_UNAVAILABLE
-    assert runner.invoke(cli, ["clean"]).exit_code == ExitCode.USAGE
+    no_url = {"CRASHBENCH_REDIS_URL": None, "REDIS_URL": None}
+    assert runner.invoke(cli, ["clean"], env=no_url).exit_code == ExitCode.USAGE
+
+
+def test_clean_reads_the_url_from_the_environment_so_no_password_is_on_its_command_line(
+    external: str, client: redis.Redis
+) -> None:
+    """As run does: CRASHBENCH_REDIS_URL, else REDIS_URL. Here a dead run's keys, found through it."""
+    client.set("crashbench:deadbeef:0-naive:pending", "x")
+    runner = CliRunner()
+    for name in ("CRASHBENCH_REDIS_URL", "REDIS_URL"):
+        env = {"CRASHBENCH_REDIS_URL": None, "REDIS_URL": None, name: external}
+        got = runner.invoke(cli, ["clean", "--grace", "0"], env=env)
+        assert got.exit_code == 0 and "crashbench:deadbeef:" in got.output, got.output
+    got = runner.invoke(cli, ["clean", "--grace", "0", "--yes"], env={"CRASHBENCH_REDIS_URL": external})
+    assert got.exit_code == 0 and client.exists("crashbench:deadbeef:0-naive:pending") == 0, got.output
+
+
+@pytest.mark.parametrize("url", ["redis://:sekr3tpass@127.0.0.1:notaport/0", "redis://u:sekr3tpass@[::1/0"])
+def test_a_url_the_parser_rejects_is_named_without_its_password(url: str) -> None:
+    got = CliRunner().invoke(cli, ["clean"], env={"CRASHBENCH_REDIS_URL": url, "COLUMNS": "40"})
+    assert got.exit_code == ExitCode.SERVER_UNAVAILABLE and "bad --redis-url" in got.output
+    assert "sekr3tpass" not in got.output and len(got.output.strip().splitlines()) == 1, got.output
+
+
+@pytest.mark.parametrize("command", [["clean"], ["run", "-d", "naive", "--jobs", "5"]])
+def test_a_database_that_is_not_a_number_is_refused_not_taken_for_0(command: list[str]) -> None:
+    got = CliRunner().invoke(cli, command, env={"CRASHBENCH_REDIS_URL": "redis://127.0.0.1:1/abc"})
+    assert got.exit_code == ExitCode.SERVER_UNAVAILABLE and "the database must be a whole number" in got.output
 
 
 def test_the_lease_gives_a_runs_keys_an_expiry_and_leaves_a_designs_own_short_one(

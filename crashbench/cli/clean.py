@@ -16,6 +16,7 @@ from crashbench.cli import common as base
 from crashbench.errors import ServerUnavailable
 from crashbench.run import connect
 from crashbench.run.lease import Namespace, namespaces
+from crashbench.run.redact import redact_text
 from crashbench.run.server import cleanup_keys
 
 
@@ -26,7 +27,13 @@ def _state(entry: Namespace, grace: float) -> str:
 
 
 @base.cli.command()
-@click.option("--redis-url", required=True, metavar="URL", help="The server to clean.")
+@click.option(
+    "--redis-url",
+    required=True,
+    metavar="URL",
+    envvar=("CRASHBENCH_REDIS_URL", "REDIS_URL"),
+    help="The server to clean. Also read from CRASHBENCH_REDIS_URL, else REDIS_URL: pass a password that way.",
+)
 @click.option("--yes", is_flag=True, help="Remove the namespaces whose run is gone (else only list them).")
 @click.option(
     "--grace",
@@ -43,11 +50,12 @@ def clean(redis_url: str, yes: bool, grace: float) -> None:
     try:
         # A cluster (its URL, or a node's plain one) is read primary by primary: a namespace's keys are in
         # its hash tag's slot, a sharded design's also in its shards' slots on other primaries.
+        connect.check_database(redis_url)
         redis_url = connect.resolved(redis_url)
         clients = connect.primaries(redis_url, socket_connect_timeout=5, socket_timeout=30)
         router = connect.connect(redis_url, socket_connect_timeout=5, socket_timeout=30)
     except ValueError as exc:
-        raise ServerUnavailable(f"bad --redis-url: {exc}") from None
+        raise ServerUnavailable(f"bad --redis-url: {redact_text(str(exc), redis_url)}") from None
     except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
         raise ServerUnavailable(f"cannot reach the server of --redis-url: {type(exc).__name__}") from None
     try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -154,6 +154,20 @@ def _node_url(url: str, host: str, port: int) -> str:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     netloc = f"{userinfo}@{address}" if userinfo else address
     return urlunsplit((parts.scheme, netloc, "", parts.query, ""))
+
+
+def check_database(url: str) -> None:
+    """A ValueError unless the URL's database (its path, or ?db=) is a whole number: redis-py takes
+    `redis://host/abc` for database 0 without a word."""
+    if url.lower().startswith("unix"):
+        values = parse_qs(urlsplit(url).query).get("db", [])
+    else:
+        path = urlsplit(url).path.strip("/")
+        values = [path] if path else []
+        values += parse_qs(urlsplit(url).query).get("db", [])
+    for v in values:
+        if not v.isdigit():
+            raise ValueError(f"the database must be a whole number, not {v!r}")
 
 
 def resolved(url: str) -> str:

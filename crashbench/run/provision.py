@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import redis
 
 from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.run import connect
 from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.redact import redact_text, redact_url
 from crashbench.run.server import EmbeddedServer, ServerInfo, describe, find_server_binary
@@ -43,6 +44,7 @@ def open_server(
         return
     if redis_url:
         try:
+            connect.check_database(redis_url)
             info = describe(redis_url, "external", None)
         except redis.AuthenticationError as exc:  # a ConnectionError too: caught first, for its own hint
             raise ServerUnavailable(
