@@ -50,7 +50,10 @@ def timeline_path(path: Path, result: Result) -> Path:
         raise UsageError(
             f"{path}: the result names no timeline file (saved before crashbench kept timelines, or written by hand)"
         )
-    return path.parent / result.timeline
+    name = result.timeline
+    if Path(name).name != name or name in (".", ".."):  # a file beside the result, never a path elsewhere
+        raise UsageError(f"{path}: its timeline must be a file beside it, not {name!r}")
+    return path.parent / name
 
 
 def load(ref: str, directory: Path = store.DEFAULT_DIR) -> tuple[Result, list[Timeline]]:

@@ -48,6 +48,7 @@ from json.encoder import encode_basestring_ascii as _string  # type: ignore[attr
 from pathlib import Path
 from typing import IO, Any
 
+from crashbench import files
 from crashbench.designs import Located, QueueState, Receipts, StreamEnd
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
@@ -264,8 +265,9 @@ def _x_lines(runs: Executions) -> Iterator[str]:
 
 
 def write(timelines: Iterable[Timeline], path: Path) -> Path:
-    """Every run's timeline, one after the other, to one gzipped JSON-lines file, in blocks of lines."""
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
+    """Every run's timeline, one after the other, to one gzipped JSON-lines file, in blocks of lines;
+    whole or not at all (crashbench.files)."""
+    with files.replacing(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
         for tl in timelines:
             block: list[str] = []
             for line in tl.lines():

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from crashbench import __version__
+from crashbench import __version__, files
 from crashbench.evidence import timeline
 from crashbench.evidence.counts import Counts, Problem, TotalQueue
 from crashbench.evidence.inspector import Consumer
@@ -266,12 +266,13 @@ class Result:
         timelines = [r.timeline for r in self.runs if r.timeline is not None]
         if timelines:
             self.timeline = timeline.write(timelines, out.with_name(out.stem + ".timeline.jsonl.gz")).name
-        out.write_text(self.to_json() + "\n")
+        with files.replacing(out) as tmp:  # whole or not at all: two runs may share an --out
+            tmp.write_text(self.to_json() + "\n")
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
-        if data.get("schema") != SCHEMA:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ValueError("not a crashbench result")
         if data.get("schema_version") not in READS:
             raise ValueError(f"schema version {data.get('schema_version')}; this crashbench reads {list(READS)}")
@@ -298,27 +299,52 @@ def new_id(run_id: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.localtime()) + "-" + run_id
 
 
-def _build(tp: Any, data: Any) -> Any:
+class ResultFormatError(ValueError):
+    """A result file whose JSON does not have the shape of a result: it names the field."""
+
+
+def _build(tp: Any, data: Any, where: str = "result") -> Any:
     """A typed value from its JSON form, following the dataclasses' annotations (fields added by
-    `to_dict`, like `status`, are ignored)."""
+    `to_dict`, like `status`, are ignored). A file is input: every value is checked against its type,
+    and the first that does not fit is named (ResultFormatError)."""
+
+    def wrong(expected: str) -> ResultFormatError:
+        return ResultFormatError(f"{where}: expected {expected}, got {type(data).__name__}")
+
     if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise wrong("an object")
         hints = typing.get_type_hints(tp)
         names = {f.name for f in dataclasses.fields(tp) if f.init}
-        return tp(**{k: _build(hints[k], v) for k, v in data.items() if k in names})
+        return tp(**{k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items() if k in names})
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):
         if data is None:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], data) if len(inner) == 1 else data
-    if origin is list:
-        return [_build(args[0], v) for v in data]
-    if origin is tuple:  # tuple[X, ...]
-        return tuple(_build(args[0], v) for v in data)
+        return _build(inner[0], data, where) if len(inner) == 1 else data
+    if origin in (list, tuple):  # list[X], tuple[X, ...]
+        if not isinstance(data, list):
+            raise wrong("a list")
+        built = [_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return built if origin is list else tuple(built)
     if origin is dict:
-        return {k: _build(args[1], v) for k, v in data.items()}
-    if tp is float and isinstance(data, int | str):
-        return float(data)
+        if not isinstance(data, dict):
+            raise wrong("an object")
+        return {k: _build(args[1], v, f"{where}.{k}") for k, v in data.items()}
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, int | float | str):
+            raise wrong("a number")
+        try:
+            return float(data)  # "inf" (jsonable)
+        except ValueError:
+            raise wrong("a number") from None
+    if tp is int and (isinstance(data, bool) or not isinstance(data, int)):
+        raise wrong("a whole number")
+    if tp is bool and not isinstance(data, bool):
+        raise wrong("true or false")
+    if tp is str and not isinstance(data, str):
+        raise wrong("a string")
     return data
 
 

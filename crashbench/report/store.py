@@ -42,7 +42,7 @@ def _files(directory: Path) -> list[Path]:
 def _schema(path: Path) -> str | None:
     try:
         return json.loads(path.read_text()).get("schema")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
 
 
@@ -93,8 +93,9 @@ def load(ref: str, directory: Path = DEFAULT_DIR) -> Result:
         )
     try:
         return Result.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise UsageError(f"{path}: cannot read it as a crashbench result ({type(exc).__name__}: {exc})") from None
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {exc}"
+        raise UsageError(f"{path}: cannot read it as a crashbench result ({why})") from None
 
 
 def _bench_entry(path: Path, data: dict) -> Entry:

@@ -1,0 +1,23 @@
+"""Files crashbench writes are written whole or not at all: into a temporary file beside the target,
+then renamed over it (atomic on one filesystem), so that two runs writing the same --out, or a run
+killed mid-write, never leave a torn result or timeline for a later read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path to write instead of `path`; renamed over `path` once the block ends without
+    an error, removed if it raises."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
