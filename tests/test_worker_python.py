@@ -48,6 +48,20 @@ def test_an_interpreter_that_cannot_run_a_worker_is_a_usage_error(small: Scenari
         run_designs(small, ["reliable"], Options(worker_python=str(tmp_path / "no-python")))
 
 
+@pytest.mark.parametrize("program", ["/bin/true", "/bin/false"])
+def test_a_program_that_is_not_python_exits_2_as_documented(program: str) -> None:
+    """/bin/true answers the version check with nothing, and exit 0: it was taken for a Python that
+    has nothing, and every worker then "exited on their own" (exit 4)."""
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+    from crashbench.errors import ExitCode
+
+    got = CliRunner().invoke(cli, ["run", "-d", "reliable", "--jobs", "5", "--worker-python", program, "--plain"])
+    assert got.exit_code == ExitCode.USAGE, got.output
+    assert f"--worker-python {program}" in got.output and "Traceback" not in got.output
+
+
 @pytest.mark.skipif(importlib.util.find_spec("arq") is not None, reason="arq is installed here")
 def test_arq_without_an_interpreter_that_has_it_names_the_option(small: Scenario) -> None:
     with pytest.raises(UsageError) as err:

@@ -78,5 +78,8 @@ class WorkerPython:
             )
         try:
             return {str(k): str(v) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-        except (ValueError, IndexError, AttributeError):
-            return {}
+        except (ValueError, IndexError, AttributeError):  # it exited 0 without running the check
+            raise UsageError(
+                f"--worker-python {self.python} is not a Python interpreter: it did not answer the version check",
+                hint="give the python of the environment that has the design's library (e.g. venv/bin/python)",
+            ) from None
