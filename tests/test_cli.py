@@ -295,3 +295,34 @@ def test_help_shows_baseline_examples_only_where_baseline_is_accepted_and_whole_
     assert "jobs_per_s>=-10%" in crashbench_here("check", "--help", tmp_path=tmp_path).stdout.replace("\n", " ")
     listing = crashbench_here("--help", tmp_path=tmp_path).stdout
     assert "(e.g" not in listing
+
+
+def test_list_shows_markup_in_names_descriptions_and_hints_as_the_text_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Words that come from files or libraries are data: `[rq]` in an install hint, a description with
+    a terminal hyperlink, a scenario file named like a style are printed as written, never styled."""
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+    from crashbench.cli import crash as crash_cmd
+    from crashbench.errors import UsageError
+
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "[red]x[red].toml").write_text(
+        'name = "evil"\ndescription = "see [link=https://example.invalid]here[/link] and [bold]this[/bold]"\n'
+    )
+    real = crash_cmd.load_design
+
+    def load(name: str):  # type: ignore[no-untyped-def]
+        if name == "rq":
+            raise UsageError("rq is not installed", hint="pip install 'crashbench[rq]'")
+        return real(name)
+
+    monkeypatch.setattr(crash_cmd, "load_design", load)
+    monkeypatch.chdir(tmp_path)
+    got = CliRunner().invoke(cli, ["list"], env={"COLUMNS": "300"}, color=True)
+    assert got.exit_code == 0, got.output
+    assert "pip install 'crashbench[rq]'" in got.output
+    assert "[link=https://example.invalid]here[/link]" in got.output and "\x1b]8;" not in got.output
+    assert "[bold]this[/bold]" in got.output and "[red]x[red]" in got.output

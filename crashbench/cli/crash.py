@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from crashbench import scenario as scenarios
 from crashbench.cli import common
@@ -129,9 +130,9 @@ def list_() -> None:
     designs.add_column("what it is")
     for name in BUILTIN:
         try:
-            designs.add_row(name, load_design(name).summary)
-        except CrashbenchError as exc:
-            designs.add_row(name, f"[dim]not installed: {exc.hint or exc.message}[/]")
+            designs.add_row(name, Text(load_design(name).summary))
+        except CrashbenchError as exc:  # data, never markup: "pip install 'crashbench[rq]'" stays whole
+            designs.add_row(name, Text(f"not installed: {exc.hint or exc.message}", style="dim"))
     designs.add_row("module:Class", "your own design: a subclass of crashbench.designs.Design")
     common.out.print(designs)
     table = Table(title="scenarios", title_justify="left")
@@ -140,8 +141,8 @@ def list_() -> None:
     table.add_column("file", style="dim")
     for path in scenarios.available():
         try:
-            desc = scenarios.load(str(path)).description
+            desc = Text(scenarios.load(str(path)).description)  # a scenario's words are data, never markup
         except CrashbenchError as exc:
-            desc = f"[red]invalid: {exc.message.splitlines()[0]}[/]"
-        table.add_row(path.stem, desc, str(path))
+            desc = Text(f"invalid: {exc.message}", style="red")
+        table.add_row(Text(path.stem), desc, Text(str(path)))
     common.out.print(table)

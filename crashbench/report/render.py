@@ -72,7 +72,7 @@ def result_table(result: Result, plain: bool = False) -> Group:
     table = Table(box=box.ASCII if plain else box.HEAVY_HEAD)
     table.add_column("", style="bold")
     for name in groups:
-        table.add_column(name, justify="right")
+        table.add_column(Text(name), justify="right")  # a design's name is data, never markup
     failed = {name: _failed_metrics(result, name) for name in groups}
     for label, key in ROWS:
         if key in OPTIONAL and not any(getattr(run.counts, key) for run in result.runs):
