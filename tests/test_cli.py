@@ -326,3 +326,17 @@ def test_list_shows_markup_in_names_descriptions_and_hints_as_the_text_it_is(
     assert "pip install 'crashbench[rq]'" in got.output
     assert "[link=https://example.invalid]here[/link]" in got.output and "\x1b]8;" not in got.output
     assert "[bold]this[/bold]" in got.output and "[red]x[red]" in got.output
+
+
+def test_plain_output_off_a_terminal_cuts_no_header_label_or_id(tmp_path: Path) -> None:
+    """In a CI log (not a terminal, 80 columns by default) a long design name was cut to
+    `designs_consumer…`: the installed command, its stdout a pipe, prints every header whole."""
+    (path,) = (ROOT / "results" / "readme" / "stream-consumers").glob("*011054*StreamKeepsConsumers*.json")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    for extra in (["--plain"], []):
+        cp = subprocess.run(
+            [sys.executable, "-m", "crashbench", "show", str(path), *extra],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert cp.returncode == 0, cp.stderr
+        assert "designs_consumers:StreamKeepsConsumers" in cp.stdout and "…" not in cp.stdout, cp.stdout[:2000]

@@ -41,8 +41,20 @@ from crashbench.scenario import (
 )
 from crashbench.scenario.thresholds import Threshold
 
-out = Console()
-err = Console(stderr=True)
+# Not on a terminal (a CI log, a pipe) or with --plain: as wide as the text, so that no header, label,
+# id or path is ever cut to fit 80 columns; a terminal's own width otherwise.
+WIDE = 4096
+
+
+def _console(stderr: bool = False, plain: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    wide = plain or not stream.isatty()
+    colour = {"no_color": True, "highlight": False} if plain else {}
+    return Console(stderr=stderr, width=WIDE if wide else None, **colour)  # type: ignore[arg-type]
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 def fail(exc: CrashbenchError) -> None:
@@ -223,9 +235,13 @@ output_options = _applying(OUTPUT_OPTIONS)
 def configure_output(opts: dict[str, Any]) -> None:
     """Consoles for this command: colours off with --no-color / --plain (rich honours NO_COLOR itself)."""
     global out, err
-    if opts.get("no_color") or opts.get("plain"):
-        out = Console(no_color=True, highlight=False)
-        err = Console(stderr=True, no_color=True, highlight=False)
+    if opts.get("plain"):
+        out, err = _console(plain=True), _console(stderr=True, plain=True)
+    elif opts.get("no_color"):
+        out = Console(no_color=True, highlight=False, width=None if sys.stdout.isatty() else WIDE)
+        err = Console(stderr=True, no_color=True, highlight=False, width=None if sys.stderr.isatty() else WIDE)
+    else:
+        out, err = _console(), _console(stderr=True)
 
 
 def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
