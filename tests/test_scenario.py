@@ -376,3 +376,41 @@ def test_a_socket_timeout_within_the_workers_pop_is_refused() -> None:
     assert scenario.Scenario(socket_timeout=0.5).problems() == []
     problems = scenario.Scenario(socket_timeout=0.05).problems()
     assert problems == ["queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop (0.1 s)"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--interval", "1e9"], "faults.interval is 1000000000.0 s: a run's schedule is bounded to 86400 s"),
+        (["--pause", "1e9"], "faults.pause is 1000000000.0 s"),
+        (["--fault-at", "1e9", "--broker-fault", "kill"], "broker.fault_at is 1000000000.0 s"),
+        (["--kills", "100000", "--interval", "1"], "faults.kills x faults.interval is 100000.0 s"),
+        (["--jobs", str(2**62)], "workload.jobs 4,611,686,018,427,387,904 is more than crashbench holds"),
+    ],
+)
+def test_absurd_but_finite_settings_are_refused_before_anything_runs(args: list[str], says: str) -> None:
+    """Each hung a run (or enqueued until interrupted): exit 2 with the setting and its bound."""
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+
+    got = CliRunner().invoke(cli, ["run", "-d", "naive", *args, "--plain"])
+    assert got.exit_code == 2 and says in got.output and "Traceback" not in got.output, got.output
+
+
+def test_a_fault_time_in_a_scenario_file_and_a_huge_name_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('name = "' + "n" * 300 + '"\n[broker]\nfault = "kill"\nfault_at = 1e300\n')
+    with pytest.raises(ScenarioError) as info:
+        scenario.load(str(path))
+    text = str(info.value.problems if hasattr(info.value, "problems") else info.value)
+    assert "broker.fault_at is 1e+300 s" in text and "name is 300 characters long (at most 200)" in text
+
+
+def test_clean_refuses_a_grace_that_is_not_a_number() -> None:
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+
+    got = CliRunner().invoke(cli, ["clean", "--redis-url", "redis://127.0.0.1:1/0", "--grace", "nan"])
+    assert got.exit_code == 2 and "nan is not a number of seconds" in got.output

@@ -7,6 +7,8 @@ a run's namespace are ever read or removed; without --yes nothing is removed at 
 
 from __future__ import annotations
 
+import math
+
 import click
 import redis
 from redis.exceptions import RedisClusterException
@@ -18,6 +20,12 @@ from crashbench.run import connect
 from crashbench.run.lease import Namespace, namespaces
 from crashbench.run.redact import redact_text
 from crashbench.run.server import cleanup_keys
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):  # nan passes FloatRange: nan < 0 and nan > max are both false
+        raise click.BadParameter(f"{v} is not a number of seconds")
+    return v
 
 
 def _state(entry: Namespace, grace: float) -> str:
@@ -37,7 +45,8 @@ def _state(entry: Namespace, grace: float) -> str:
 @click.option("--yes", is_flag=True, help="Remove the namespaces whose run is gone (else only list them).")
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, max=86_400),
+    callback=lambda _ctx, _param, v: _finite(v),
     default=60.0,
     show_default=True,
     help="Seconds: a namespace without an alive key whose keys changed this recently is kept (a run starting).",

@@ -56,6 +56,15 @@ from crashbench.scenario.settings import SWEEPABLE as SWEEPABLE
 from crashbench.scenario.settings import Bound as Bound
 from crashbench.scenario.thresholds import Threshold
 
+MAX_SCHEDULE_S = 86_400  # no duration of a run's schedule may exceed a day
+MAX_JOBS = 100_000_000  # 10,000,000 take about 2 GB at their peak (README: scale)
+MAX_NAME, MAX_DESCRIPTION = 200, 10_000
+
+
+def _num(v: object) -> float:
+    """A number to compare with a bound; anything else 0 (its own problem is reported elsewhere)."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else 0.0
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -205,6 +214,7 @@ class Scenario:
                 f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)"
             )
         p += self._network_combinations()
+        p += self._bounds()
         lag, at = self.replica_lag, self.fault_at
         if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
             if lag and self.fault in ("none", "kill"):
@@ -216,6 +226,35 @@ class Scenario:
                 )
             if lag > at:
                 p.append(f"broker.replica_lag {lag} must not be longer than broker.fault_at {at}")
+        return p
+
+    def _bounds(self) -> list[str]:
+        """Finite but absurd: a schedule longer than a day never ends in practice (Ctrl-C was the only
+        way out), and more jobs than memory holds enqueue until interrupted."""
+        p: list[str] = []
+        seconds = {
+            "faults.interval": self.interval, "faults.pause": self.pause, "broker.fault_at": self.fault_at,
+            "broker.downtime": self.downtime, "broker.produce_s": self.produce_s,
+            "queue.stale_after": self.stale_after, "queue.recover_every": self.recover_every,
+            "run.drain_timeout": self.drain_timeout, "workload.job_ms / 1000": _num(self.job_ms) / 1000,
+            "workload.job_ms_max / 1000": _num(self.job_ms_max) / 1000,
+        }  # fmt: skip
+        if isinstance(self.kills, int) and not isinstance(self.kills, bool):
+            seconds["faults.kills x faults.interval"] = self.kills * _num(self.interval)
+        for n, e in enumerate(self.schedule, 1):
+            if isinstance(e, dict):
+                for k in ("at", "for", "duration", "pause"):
+                    if k in e:
+                        seconds[f"[[faults]] entry {n}: {k}"] = e[k]
+        for what, v in seconds.items():
+            if _num(v) > MAX_SCHEDULE_S:
+                p.append(f"{what} is {_show(v)} s: a run's schedule is bounded to {MAX_SCHEDULE_S} s (a day)")
+        if isinstance(self.jobs, int) and not isinstance(self.jobs, bool) and self.jobs > MAX_JOBS:
+            p.append(f"workload.jobs {self.jobs:,} is more than crashbench holds (at most {MAX_JOBS:,})")
+        for name, most in (("name", MAX_NAME), ("description", MAX_DESCRIPTION)):
+            v = getattr(self, name)
+            if isinstance(v, str) and len(v) > most:
+                p.append(f"{name} is {len(v):,} characters long (at most {most:,})")
         return p
 
     def _network_combinations(self) -> list[str]:
