@@ -414,3 +414,37 @@ def test_clean_refuses_a_grace_that_is_not_a_number() -> None:
 
     got = CliRunner().invoke(cli, ["clean", "--redis-url", "redis://127.0.0.1:1/0", "--grace", "nan"])
     assert got.exit_code == 2 and "nan is not a number of seconds" in got.output
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        (
+            'broker_url = "redis://elsewhere:6379/0"',
+            "broker_url: a library is pointed at the run's server by crashbench",
+        ),
+        ('result_backend = "redis://elsewhere"', "result_backend: a library is pointed at the run's server"),
+        ('broker_transport_options = { host = "elsewhere" }', "broker_transport_options.host: a library is pointed"),
+        ('some_option = "redis://elsewhere"', "some_option = 'redis://elsewhere': a URL in a library's settings"),
+        ("worker_concurrency = -1", "worker_concurrency must be at least 1, not -1"),
+        ("worker_concurrency = 0", "worker_concurrency must be at least 1, not 0"),
+        ("visibility_timeout = -5", "visibility_timeout must not be negative, not -5"),
+    ],
+)
+def test_library_settings_never_point_elsewhere_and_stay_in_range(tmp_path: Path, table: str, says: str) -> None:
+    """Celery's workers went to `broker_url` whatever the run's server was; -1 workers failed late."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'[library."celery:acks-late"]\n{table}\n')
+    with pytest.raises(ScenarioError) as info:
+        scenario.load(str(path))
+    assert says in str(info.value), str(info.value)
+
+
+def test_library_settings_a_user_needs_are_still_taken(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        '[library."celery:acks-late"]\nbroker_transport_options = { visibility_timeout = 5 }\n'
+        "worker_concurrency = 2\n[library.taskiq]\nsocket_timeout = 3600\n"
+    )
+    sc = scenario.load(str(path))
+    assert sc.library["celery:acks-late"]["worker_concurrency"] == 2

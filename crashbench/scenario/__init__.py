@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,7 +203,11 @@ class Scenario:
                 p.append(f"{name} must be a string, not {_show(getattr(self, name))}")
         if not isinstance(self.designs, tuple) or not all(isinstance(d, str) for d in self.designs):
             p.append(f"run.designs must be a list of design names, not {_show(self.designs)}")
-        p += [f"[library.{_key(d)}] {problem}" for d, table in self.library.items() for problem in _infinite(table)]
+        p += [
+            f"[library.{_key(d)}] {problem}"
+            for d, table in self.library.items()
+            for problem in (*_infinite(table), *_elsewhere(table), *_out_of_range(table))
+        ]
         if NUMBERS["workers"].accepts(self.workers):
             p += [
                 q
@@ -350,6 +355,50 @@ def _infinite(value: Any, where: str = "") -> list[str]:
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in _infinite(v, f"{where}[{i}]")]
     return []
+
+
+# Library settings that would send a library somewhere else than the run's server: crashbench gives
+# each library the run's URL itself, and a key like Celery's broker_url would silently override it.
+_SERVER_KEY = re.compile(
+    r"(^|_)(url|urls|host|hosts|port|unix_socket_path|socket_path|sentinels?|redis_settings|connection|"
+    r"connection_pool|broker|backend|result_backend|address|db|database|password|username)$"
+)
+# Counts that must be at least 1 (a library takes 0 or less for "none" or fails later, obscurely).
+_AT_LEAST_ONE = re.compile(r"(concurrency|threads|processes|workers|max_async_tasks|prefetch_multiplier)$")
+
+
+def _elsewhere(table: Any, where: str = "") -> list[str]:
+    """Keys and values of a library's settings that name a server: refused, the run's own is used."""
+    out: list[str] = []
+    if isinstance(table, dict):
+        for k, v in table.items():
+            name = f"{where}.{_key(k)}" if where else _key(k)
+            if isinstance(k, str) and _SERVER_KEY.search(k):
+                out.append(f"{name}: a library is pointed at the run's server by crashbench, never by its settings")
+            else:
+                out += _elsewhere(v, name)
+    elif isinstance(table, list):
+        out += [p for i, v in enumerate(table) for p in _elsewhere(v, f"{where}[{i}]")]
+    elif isinstance(table, str) and "://" in table:
+        out.append(f"{where or 'value'} = {table!r}: a URL in a library's settings would point it elsewhere")
+    return out
+
+
+def _out_of_range(table: Any, where: str = "") -> list[str]:
+    """Numbers a library cannot take: a count, timeout or interval below 0, a concurrency below 1."""
+    out: list[str] = []
+    if isinstance(table, dict):
+        for k, v in table.items():
+            name = f"{where}.{_key(k)}" if where else _key(k)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                out += _out_of_range(v, name)
+            elif isinstance(k, str) and _AT_LEAST_ONE.search(k) and v < 1:
+                out.append(f"{name} must be at least 1, not {_show(v)}")
+            elif v < 0:
+                out.append(f"{name} must not be negative, not {_show(v)}")
+    elif isinstance(table, list):
+        out += [p for i, v in enumerate(table) for p in _out_of_range(v, f"{where}[{i}]")]
+    return out
 
 
 def parse(data: dict[str, Any], source: str) -> Scenario:
