@@ -309,3 +309,21 @@ def test_bench_results_share_the_store_without_taking_latest(store: Path, tmp_pa
     cp = crashbench_here("results", "--kind", "crash", "--dir", str(mixed), tmp_path=tmp_path)
     assert crash_id in cp.stdout and bench_id not in cp.stdout
     assert_clean_error(crashbench_here("show", bench_id, "--dir", str(mixed), tmp_path=tmp_path), 2, "bench result")
+
+
+def test_a_baseline_from_another_scenario_is_warned_about_and_refused_when_strict() -> None:
+    """A check of the default scenario against the name-reuse scenario's result compares two experiments."""
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+
+    readme = Path(__file__).resolve().parent.parent / "results" / "readme"
+    default = str(readme / "20261203-064521-33bd600d-compare-default-naive-reliable-stream.json")
+    (other,) = (str(p) for p in (readme / "stream-consumers").glob("*-compare-name-reuse-stream-stream-reuse.json"))
+    args = ["check", "--results", default, "--plain", "--allow-unchecked"]
+    same = CliRunner().invoke(cli, [*args, "--baseline", default, "--strict-baseline"])
+    assert same.exit_code == 0 and "another scenario" not in same.output, same.output
+    warned = CliRunner().invoke(cli, [*args, "--baseline", other])
+    assert warned.exit_code == 0 and "warning: the baseline" in warned.output and "name-reuse" in warned.output
+    refused = CliRunner().invoke(cli, [*args, "--baseline", other, "--strict-baseline"])
+    assert refused.exit_code == 2 and "comes from another scenario (name-reuse" in refused.output, refused.output

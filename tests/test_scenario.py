@@ -400,11 +400,11 @@ def test_absurd_but_finite_settings_are_refused_before_anything_runs(args: list[
 
 def test_a_fault_time_in_a_scenario_file_and_a_huge_name_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
-    path.write_text('name = "' + "n" * 300 + '"\n[broker]\nfault = "kill"\nfault_at = 1e300\n')
+    path.write_text('name = "' + "n" * 1200 + '"\n[broker]\nfault = "kill"\nfault_at = 1e300\n')
     with pytest.raises(ScenarioError) as info:
         scenario.load(str(path))
     text = str(info.value.problems if hasattr(info.value, "problems") else info.value)
-    assert "broker.fault_at is 1e+300 s" in text and "name is 300 characters long (at most 200)" in text
+    assert "broker.fault_at is 1e+300 s" in text and "name is 1,200 characters long (at most 1,000)" in text
 
 
 def test_clean_refuses_a_grace_that_is_not_a_number() -> None:

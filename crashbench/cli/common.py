@@ -307,6 +307,20 @@ def load_result(ref: str, store_dir: Path, opts: dict[str, Any]) -> Result:
     return result
 
 
+def same_experiment(baseline: Result, ref: str, fingerprint: str, strict: bool) -> None:
+    """A baseline from another scenario compares other experiments: a warning, or with --strict-baseline
+    a refusal (exit 2)."""
+    if baseline.fingerprint == fingerprint:
+        return
+    what = (
+        f"the baseline {ref} comes from another scenario ({baseline.scenario.get('name', '?')}, fingerprint "
+        f"{baseline.fingerprint[:12]}) than this check ({fingerprint[:12]}): its figures are another experiment's"
+    )
+    if strict:
+        raise UsageError(what, hint="give a baseline of the same scenario, or leave out --strict-baseline")
+    err.print(Text(f"warning: {what}", style="yellow"), soft_wrap=True)
+
+
 def execute(
     opts: dict[str, Any],
     start: Callable[[Scenario, Options], Result],

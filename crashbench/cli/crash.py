@@ -99,6 +99,11 @@ BASELINE_HELP = (
     help="Check a saved result instead of running (the run options are then ignored).",
 )
 @click.option(
+    "--strict-baseline",
+    is_flag=True,
+    help="Refuse a baseline from another scenario (another fingerprint): exit 2. By default, a warning.",
+)
+@click.option(
     "--allow-unchecked",
     is_flag=True,
     help="Pass a design no threshold applied to (by default that is no verdict: exit 4).",
@@ -106,19 +111,31 @@ BASELINE_HELP = (
 @STORE_DIR
 @session_options
 @reports_errors
-def check(designs: str | None, baseline: str | None, results_ref: str | None, store_dir: Path, **opts: Any) -> None:
+def check(
+    designs: str | None,
+    baseline: str | None,
+    results_ref: str | None,
+    store_dir: Path,
+    strict_baseline: bool,
+    **opts: Any,
+) -> None:
     """Run the designs (or read a saved result) and evaluate every threshold: the scenario's [expect.*],
     --threshold, and undrained == 0, worker_crashes == 0 for every design that has one of those. One line
     per threshold; exit 0 all met, 1 one violated, 2 bad usage, 3 server unavailable, 4 no verdict
     (inconclusive, evidence problems, or a design without thresholds)."""
     base = store.load(baseline, store_dir) if baseline else None
     if results_ref is None:
-        execute(
-            opts, lambda sc, options: run_designs(sc, design_list(designs, sc), options, kind="check"), base, gate=True
-        )
+        sc = common.build_scenario(opts)
+        if base is not None:
+            common.same_experiment(base, baseline or "", sc.fingerprint(), strict_baseline)
+        run = lambda sc, options: run_designs(sc, design_list(designs, sc), options, kind="check")  # noqa: E731
+        execute(opts, run, base, scenario=sc, gate=True)
         return
     given = prepare(opts, base)
-    report(evaluate(common.load_result(results_ref, store_dir, opts), given, base), opts, saved=None, gate=True)
+    saved = common.load_result(results_ref, store_dir, opts)
+    if base is not None:
+        common.same_experiment(base, baseline or "", saved.fingerprint, strict_baseline)
+    report(evaluate(saved, given, base), opts, saved=None, gate=True)
 
 
 @cli.command("list")
