@@ -196,3 +196,11 @@ def test_a_sweep_value_is_a_design_of_the_run() -> None:
     check_targets(["reliable", "kills=0", "kills=2"], (), {}, (parse("kills=2: lost=0"),))
     with pytest.raises(UsageError, match="kills=3"):
         check_targets(["reliable", "kills=0", "kills=2"], (), {}, (parse("kills=3: lost=0"),))
+
+
+def test_a_rule_in_the_scenario_and_on_the_command_line_is_checked_once() -> None:
+    runs = [run(design="naive", lost=1, kills_mid_job=1)]
+    declared = {"naive": [parse("lost == kills_mid_job"), parse("stranded == 0")]}
+    results = check_all(runs, declared, [parse("lost == kills_mid_job"), parse("naive: stranded == 0")])
+    rules = [r.threshold for r in results if r.source != "default"]
+    assert rules == ["lost == kills_mid_job", "stranded == 0"]

@@ -260,6 +260,11 @@ def check_all(
     for name, design_runs in group(runs).items():
         design = design_runs[0].design
         explicit = [*declared.get(design, ()), *(t for t in given if t.design in (None, design, name))]
+        # A rule given twice (in the scenario and with -t) is one threshold: one line, one result.
+        unique: dict[str, Threshold] = {}
+        for t in explicit:
+            unique.setdefault(t.rule(), t)  # the first of each, in order
+        explicit = list(unique.values())
         network = any(run.network_faults for run in design_runs)
         for t in [*explicit, *defaults(explicit, network)]:
             base_runs = None if base is None else base.get(name, [])
