@@ -13,7 +13,7 @@ counted by the harness's own search (crashbench.evidence.search: one regex over 
 rather than through `locate`, which decodes each entry: a backlog of 100,000 jobs is then read in a
 fraction of the time, so that sampling the depth stays a small share of any run; a stream's undelivered
 entries are not read at all but counted (its groups' lag), only its pending entries are searched, and
-a list, set, sorted set or hash of more than LARGE entries is counted by its length, one job an entry
+a list, set, sorted set or hash of more than LARGE (500) entries is counted by its length, one job an entry
 (a job stored twice there counts twice in the chart: the counts never come from it).
 """
 
@@ -47,7 +47,7 @@ class Reader:
     ten million entries (seconds) never holds up the loop that restarts killed workers."""
 
     PIECE = 500  # entries per piece: read and located in about 2 ms, the finest a slice can be
-    LARGE = 2000  # entries beyond which a key is counted, not read (with the run's token)
+    LARGE = PIECE  # entries beyond which a key is counted, not read (with the run's token)
 
     def __init__(
         self, design: Design, raw: redis.Redis, inside: AbstractSet[str], needle: Needle | None = None
@@ -148,7 +148,7 @@ class Sampler:
     reading is slow (a large backlog), so that they cost at most 1/COST of the run, SLICE per tick."""
 
     EVERY = 0.25  # seconds between readings
-    COST = 100  # ... and at least this many times as long as the last reading took (<= 1 % of the run)
+    COST = 50  # ... and at least this many times as long as the last reading took (<= 2 % of the run)
     SLICE = 0.005  # seconds of reading per tick: a big backlog is read over many ticks
 
     def __init__(self) -> None:
