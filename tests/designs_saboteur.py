@@ -37,6 +37,13 @@ def planted(ids: Sequence[str]) -> dict[str, set[str]]:
     return {name: {j for j in ids if int(j) % 20 == r} for name, r in by.items()}
 
 
+def with_parked(design: ReliableQueue, state: QueueState) -> QueueState:
+    """`state` with the jobs of the design's "parked" list reported held there."""
+    for raw in design.r.lrange(design.key("parked"), 0, -1):
+        state.held[json.loads(raw)["id"]] = "parked"
+    return state
+
+
 class SaboteurQueue(ReliableQueue):
     name = "saboteur"
 
@@ -58,10 +65,7 @@ class SaboteurQueue(ReliableQueue):
         pipe.execute()
 
     def state(self) -> QueueState:
-        state = super().state()
-        for raw in self.r.lrange(self.key("parked"), 0, -1):
-            state.held[json.loads(raw)["id"]] = "parked"
-        return state  # "hidden" is left out on purpose
+        return with_parked(self, super().state())  # "hidden" is left out on purpose
 
 
 class GhostState(NaiveQueue):
@@ -187,7 +191,4 @@ class StopTakesParked(ReliableQueue):
         self.r.delete(self.key("parked"))
 
     def state(self) -> QueueState:
-        state = super().state()
-        for raw in self.r.lrange(self.key("parked"), 0, -1):
-            state.held[json.loads(raw)["id"]] = "parked"
-        return state
+        return with_parked(self, super().state())
