@@ -64,7 +64,12 @@ MAX_NAME, MAX_DESCRIPTION = 1_000, 10_000
 
 def _num(v: object) -> float:
     """A number to compare with a bound; anything else 0 (its own problem is reported elsewhere)."""
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else 0.0
+    if not isinstance(v, int | float) or isinstance(v, bool) or v != v:
+        return 0.0
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond any float (its own "too large" problem is reported too)
+        return math.inf if v > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,7 @@ class Scenario:
             "workload.job_ms_max / 1000": _num(self.job_ms_max) / 1000,
         }  # fmt: skip
         if isinstance(self.kills, int) and not isinstance(self.kills, bool):
-            seconds["faults.kills x faults.interval"] = self.kills * _num(self.interval)
+            seconds["faults.kills x faults.interval"] = _num(self.kills) * _num(self.interval)
         for n, e in enumerate(self.schedule, 1):
             if isinstance(e, dict):
                 for k in ("at", "for", "duration", "pause"):
