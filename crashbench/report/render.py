@@ -108,8 +108,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
             back = f", back at {bf.back_at:.2f} s" if bf.back_at is not None else ""
             parts.append(
                 Text(
-                    f"{name}: broker {bf.kind} at {bf.at:.2f} s{back} ({bf.persistence} persistence); the queue held "
-                    f"{bf.held_at_fault} jobs then, {bf.acknowledged_before} enqueues acknowledged before",
+                    f"{name}: broker {bf.kind} at {bf.at:.2f} s{back} ({bf.persistence} persistence); Redis held "
+                    f"{bf.held_at_fault} jobs at the fault (done later or not: the table counts those never "
+                    f"done), {bf.acknowledged_before} enqueues acknowledged before",
                     style="yellow",
                 )
             )
@@ -132,8 +133,9 @@ def result_table(result: Result, plain: bool = False) -> Group:
         elif not run.timings.drained:
             parts.append(
                 Text(
-                    f"{name}: jobs still held {run.timings.window_s:g} s after the last handler started (stranded;"
-                    " --drain-timeout waits longer)",
+                    f"{name}: the queue made no progress for {run.timings.window_s:g} s (the window) with jobs still"
+                    f" in it: {run.counts.stranded} stranded, {run.counts.undrained} undrained (--drain-timeout waits"
+                    " longer)",
                     style="yellow",
                 )
             )

@@ -33,7 +33,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("indeterminate enqueues", "indeterminate"),
     ("  done all the same", "recovered"),
     ("acks lost", "acks_lost"),
-    ("held at the broker fault", "held_at_fault"),
+    ("held at the fault, never done", "held_at_fault"),
     ("acked while the replica lagged", "acked_during_lag"),
     ("not replicated", "not_replicated"),
     ("undrained", "undrained"),
