@@ -220,3 +220,21 @@ def test_depth_chart_is_a_standalone_svg() -> None:
     assert text.startswith(f'<svg xmlns="{svg.XMLNS}" width="500" height="120"')
     assert text.count("<path ") == 2  # one line per run
     assert ">reliable<" in text and ">naive<" in text
+
+
+def test_the_report_names_files_not_the_paths_of_the_machine_that_ran_it(crash_result: Result) -> None:
+    """A report is shared: the scenario's file and the server binary by name; the settings that differ
+    from the defaults first, the rest folded."""
+    result = dataclasses.replace(
+        crash_result,
+        scenario={**crash_result.scenario, "source": "/home/someone/work/scenarios/mine.toml"},
+        environment=dataclasses.replace(crash_result.environment, server_binary="/opt/secret/bin/redis-server"),
+    )
+    page = html.render(result, [r.timeline for r in result.runs if r.timeline is not None])
+    assert "/home/someone" not in page and "/opt/secret" not in page
+    assert "<dd>mine.toml</dd>" in page and "<dd>redis-server</dd>" in page
+    panel = page[page.index("<h3>Scenario</h3>") :]
+    panel = panel[: panel.index("</div>")]
+    changed, folded = panel.split("<details>")
+    assert "<dt>jobs</dt>" in changed  # the fixture's 200 jobs differ from the default 2,000
+    assert "<dt>signal</dt>" in folded and "settings at their defaults" in folded

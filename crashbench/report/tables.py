@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from crashbench.report import rows as table_rows
 from crashbench.report.results import DesignRun, Result, ThresholdResult, number
 from crashbench.report.results import label as label_of
 from crashbench.report.svg import esc
+from crashbench.scenario import Scenario
 
 # The terminal table's rows, then the kills: the page has no separate faults table. A leading "  "
 # marks a row that breaks down the one above it; a run that never ran again is an alarm here too.
@@ -123,16 +125,27 @@ def _dl(title: str, items: list[tuple[str, object]]) -> str:
 
 
 def scenario(sc: dict[str, Any]) -> str:
-    skip = {"expect", "description", "designs"}
+    """The settings that differ from the defaults first; the rest folded. File names, never the
+    absolute paths of the machine that ran it (a report is shared)."""
+    skip = {"expect", "description", "designs", "name", "source"}
+    defaults = Scenario().to_dict()
     items = [(k, v) for k, v in sc.items() if k not in skip and not isinstance(v, dict | list)]
-    if sc.get("description"):
-        items.insert(1, ("description", sc["description"]))
-    return _dl("Scenario", items)
+    changed = [(k, v) for k, v in items if defaults.get(k) != v]
+    same = [(k, v) for k, v in items if defaults.get(k) == v]
+    head: list[tuple[str, object]] = [("name", sc.get("name")), ("description", sc.get("description"))]
+    if sc.get("source"):
+        head.append(("file", Path(str(sc["source"])).name))
+    rows = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in same if v not in (None, "", {}, []))
+    folded = f"<details><summary>{len(same)} settings at their defaults</summary><dl>{rows}</dl></details>"
+    return _dl("Scenario", [*head, *changed])[: -len("</div>")] + (folded if same else "") + "</div>"
 
 
 def environment(result: Result) -> str:
     env = dataclasses.asdict(result.environment)
     libraries = env.pop("libraries", {}) or {}
+    for key in ("server_binary", "worker_python"):  # the program's name, not where it sat on that machine
+        if env.get(key):
+            env[key] = Path(env[key]).name
     items = [(k.replace("_", " "), v) for k, v in env.items()]
     items += [(f"library {k}", v) for k, v in libraries.items()]
     return _dl("Environment", items)
