@@ -238,3 +238,12 @@ def test_the_report_names_files_not_the_paths_of_the_machine_that_ran_it(crash_r
     changed, folded = panel.split("<details>")
     assert "<dt>jobs</dt>" in changed  # the fixture's 200 jobs differ from the default 2,000
     assert "<dt>signal</dt>" in folded and "settings at their defaults" in folded
+
+
+def test_the_queue_axis_ends_at_the_highest_reading_drawn() -> None:
+    """pending (max 10) and in flight (max 4) are drawn each on its own: the axis says 10, not 14."""
+    tl = synthetic(20)
+    tl.depth = [Depth(0.0, 10, 4, 0, 0), Depth(0.5, 6, 4, 0, 0), Depth(1.0, 0, 0, 0, 0)]
+    panel = svg.depth_panel(tl, svg.Scale(0.0, 1.0, 100, 900), 0, 60)
+    labels = re.findall(r'class="ylab"[^>]*>([^<]+)<', panel)
+    assert labels == ["10", "0"] and "pending (max 10)" in panel and "in flight (max 4)" in panel

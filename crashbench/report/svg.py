@@ -138,7 +138,8 @@ def depth_panel(tl: Timeline, scale: Scale, y: float, h: float) -> str:
     if not tl.depth:
         out.append(f'<text class="empty" x="{num(scale.x0 + 8)}" y="{num(y + h / 2 + 4)}">no depth readings</text>')
         return "".join(out)
-    top = max(max(d.pending + d.inflight, d.delayed, d.dead) for d in tl.depth) or 1
+    # The axis's maximum is the data's: each series is drawn on its own (none stacked on another).
+    top = max(max(d.pending, d.inflight, d.delayed, d.dead) for d in tl.depth) or 1
     end = max(scale.t1 if tl.drained_at <= 0 else min(tl.drained_at, scale.t1), tl.depth[-1].t)
     legend_x = scale.x0 + 8
     for name, label, colour in DEPTH_SERIES:
