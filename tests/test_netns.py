@@ -231,10 +231,12 @@ def test_reject_resets_open_and_new_connections_at_once(parts, server, fork) -> 
     assert child.read(5) == {"ready": True}
     parts.apply(0, "reject")
     child.go()
-    for which, errno in (("open", "104"), ("new", "111")):  # ECONNRESET, then ECONNREFUSED
+    # ECONNRESET on the open connection (or, once redis-py has re-dialled it after the reset, the
+    # refusal of that new connection: seen under load), then ECONNREFUSED; both at once.
+    for which, errnos in (("open", ("104", "111")), ("new", ("111",))):
         said = child.read(5)
         assert said is not None and said["which"] == which and said["error"] == "ConnectionError", said
-        assert errno in said["message"] and said["seconds"] < 1, said
+        assert any(e in said["message"] for e in errnos) and said["seconds"] < 1, said
 
 
 def test_a_healed_slot_connects_again(parts, server, fork) -> None:
