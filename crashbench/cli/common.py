@@ -46,10 +46,10 @@ from crashbench.scenario.thresholds import Threshold
 WIDE = 4096
 
 
-def _console(stderr: bool = False, plain: bool = False) -> Console:
+def _console(stderr: bool = False, plain: bool = False, no_color: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     wide = plain or not stream.isatty()
-    colour = {"no_color": True, "highlight": False} if plain else {}
+    colour = {"no_color": True, "highlight": False} if plain or no_color else {}
     return Console(stderr=stderr, width=WIDE if wide else None, **colour)  # type: ignore[arg-type]
 
 
@@ -235,13 +235,8 @@ output_options = _applying(OUTPUT_OPTIONS)
 def configure_output(opts: dict[str, Any]) -> None:
     """Consoles for this command: colours off with --no-color / --plain (rich honours NO_COLOR itself)."""
     global out, err
-    if opts.get("plain"):
-        out, err = _console(plain=True), _console(stderr=True, plain=True)
-    elif opts.get("no_color"):
-        out = Console(no_color=True, highlight=False, width=None if sys.stdout.isatty() else WIDE)
-        err = Console(stderr=True, no_color=True, highlight=False, width=None if sys.stderr.isatty() else WIDE)
-    else:
-        out, err = _console(), _console(stderr=True)
+    plain, no_color = bool(opts.get("plain")), bool(opts.get("no_color"))
+    out, err = _console(False, plain, no_color), _console(True, plain, no_color)
 
 
 def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
