@@ -136,10 +136,12 @@ def test_the_depth_of_a_large_backlog_is_counted_not_read(
     q = ReliableQueue(client, "insp:large:", DesignSettings())
     client.rpush("insp:large:pending", *[json.dumps({"id": f"{token}{i:06d}", "payload": ""}) for i in range(30)])
     client.rpush("insp:large:dead", *[json.dumps({"id": f"{token}{i:06d}", "payload": ""}) for i in range(30, 33)])
+    retries = {json.dumps({"id": f"{token}{i:06d}", "payload": "", "attempts": 1}): float(i) for i in range(40, 52)}
+    client.zadd("insp:large:delayed", retries)  # 12 retries waiting for their due time: delayed, not pending
     read: list[str] = []
     monkeypatch.setattr(inspector, "key_pieces", lambda r, name, text, *a: read.append(text) or iter(()))
     found = depth.Reader(q, raw, set(), needle).step()
-    assert found is not None and (found.pending, found.dead) == (30, 0)  # the dead list (3) is read, here: not
+    assert found is not None and (found.pending, found.delayed, found.dead) == (30, 12, 0)  # dead (3): read, here not
     assert read == ["insp:large:dead"]  # ... the 30 waiting were counted, the small list was read
     monkeypatch.undo()
 

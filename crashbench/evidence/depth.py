@@ -90,6 +90,8 @@ class Reader:
             if not matches(rel, self.design.BOOKKEEPING):
                 if matches(rel, self.design.DEAD_LETTERS):
                     self.dead_n += waiting
+                elif matches(rel, self.design.DELAYED):
+                    self.delayed += waiting
                 else:
                     self.pending += waiting  # undelivered: inside no handler
             yield key  # its pending entries, searched as any piece
