@@ -93,7 +93,7 @@ class Snapshot:
 def take(client: redis.Redis, patterns: Sequence[str]) -> Snapshot:
     """Every key matching `patterns` (SCAN MATCH), read in full. `client` must not decode responses."""
     started = time.perf_counter()
-    keys = {text: _read(client, name, text, kind) for name, text, kind in _listing(client, patterns)}
+    keys = {text: _read(client, name, text, kind) for name, text, kind in listing(client, patterns)}
     return Snapshot(keys, time.perf_counter() - started)
 
 
@@ -102,7 +102,7 @@ def pieces(client: redis.Redis, patterns: Sequence[str], chunk: int = CHUNK) -> 
     entries at a time: for a reading that only counts (the depth chart), whose memory must not grow
     with the backlog (a million waiting jobs). A stream comes whole: its groups and entries belong
     together."""
-    for name, text, kind in _listing(client, patterns):
+    for name, text, kind in listing(client, patterns):
         yield from key_pieces(client, name, text, kind, chunk)
 
 
@@ -132,11 +132,6 @@ def types(client: redis.Redis, names: Sequence[bytes]) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else str(t) for t in pipe.execute()] if names else []
 
 
-def listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, str, str]]:
-    """(name, its text, its type) of every key matching `patterns`, sorted by name."""
-    return _listing(client, patterns)
-
-
 def stream_counted(client: redis.Redis, name: bytes, text: str) -> tuple[StoredKey, int] | None:
     """A stream read for counting only (the depth chart): its groups and their pending entries, and how
     many entries wait undelivered, the slowest group's lag (every entry with no group), without reading
@@ -153,7 +148,7 @@ def stream_counted(client: redis.Redis, name: bytes, text: str) -> tuple[StoredK
     return key, max(int(lag) for lag in lags)
 
 
-def _listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, str, str]]:
+def listing(client: redis.Redis, patterns: Sequence[str]) -> list[tuple[bytes, str, str]]:
     """(name, its text, its type) of every key matching `patterns`, sorted by name."""
     names: list[bytes] = []
     seen: set[bytes] = set()
