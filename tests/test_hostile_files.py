@@ -94,3 +94,42 @@ def test_a_file_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
         tmp.write_text("new")
         assert target.read_text() == "old"  # readers see the old file until the rename
     assert target.read_text() == "new" and list(tmp_path.iterdir()) == [target]
+
+
+def test_a_result_and_its_timeline_are_written_under_one_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs sharing an --out: while one is between its timeline and its result, the other cannot
+    start its pair (the last writer wins both files, never a result with the other run's timeline)."""
+    import fcntl
+    import os
+
+    from crashbench.evidence import timeline
+    from crashbench.report import results
+
+    for p in (README_RESULT, README_RESULT.with_name(README_RESULT.stem + ".timeline.jsonl.gz")):
+        shutil.copy(p, tmp_path / p.name)
+    result = results.Result.from_dict(json.loads((tmp_path / README_RESULT.name).read_text()))
+    result.runs[0].timeline = recount_timelines(tmp_path / README_RESULT.name, result)[0]
+    seen: list[bool] = []
+    real = timeline.write
+
+    def write_and_probe(timelines, path):  # type: ignore[no-untyped-def]
+        written = real(timelines, path)
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(False)  # another writer could have come in here
+        except BlockingIOError:
+            seen.append(True)
+        finally:
+            os.close(fd)
+        return written
+
+    monkeypatch.setattr(timeline, "write", write_and_probe)
+    result.write(tmp_path / "shared.json")
+    assert seen == [True]
+
+
+def recount_timelines(path: Path, result):  # type: ignore[no-untyped-def]
+    from crashbench.evidence import recount
+
+    return recount.timelines_of(path, result)

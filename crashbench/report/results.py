@@ -264,10 +264,11 @@ class Result:
             out = out / self.file_name()
         out.parent.mkdir(parents=True, exist_ok=True)
         timelines = [r.timeline for r in self.runs if r.timeline is not None]
-        if timelines:
-            self.timeline = timeline.write(timelines, out.with_name(out.stem + ".timeline.jsonl.gz")).name
-        with files.replacing(out) as tmp:  # whole or not at all: two runs may share an --out
-            tmp.write_text(self.to_json() + "\n")
+        with files.locked(out.parent):  # two runs may share an --out: the pair is one run's
+            if timelines:
+                self.timeline = timeline.write(timelines, out.with_name(out.stem + ".timeline.jsonl.gz")).name
+            with files.replacing(out) as tmp:  # whole or not at all
+                tmp.write_text(self.to_json() + "\n")
         return out
 
     @classmethod
