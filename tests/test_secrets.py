@@ -210,11 +210,17 @@ def test_a_run_with_a_password_leaks_it_nowhere(
         client.close()
 
 
-def test_redis_url_is_also_read_from_redis_url(secured: Secured, tmp_path: Path) -> None:
+def test_redis_url_is_also_read_from_redis_url_and_the_run_names_the_server_and_db_it_used(
+    secured: Secured, tmp_path: Path
+) -> None:
     out = tmp_path / "r.json"
-    cp, _ = watched(["run", "--design", "naive", "--kills", "0", *SMALL, "--out", str(out)], {"REDIS_URL": secured.url})
+    url = secured.url.removesuffix("/0") + "/3"
+    args = ["run", "--design", "naive", "--kills", "0", *SMALL, "--out", str(out), "--plain"]
+    cp, _ = watched(args, {"REDIS_URL": url})
     assert cp.returncode == ExitCode.OK, cp.stderr
-    assert json.loads(out.read_text())["environment"]["server_mode"] == "external"
+    env = json.loads(out.read_text())["environment"]
+    assert (env["server_mode"], env["server_db"], env["server_url"]) == ("external", 3, redact_url(url))
+    assert f"(external) at {redact_url(url)}, db 3" in cp.stdout
     assert secured.password not in out.read_text() + cp.stdout + cp.stderr
 
 

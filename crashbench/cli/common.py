@@ -365,6 +365,7 @@ def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate
         click.echo(result.to_json())
     else:
         out.print(result_table(result, plain=opts["plain"]), crop=False)  # kept-workdir paths stay whole
+        out.print(f"[dim]server: {escape(result.environment.server_line())}[/]", highlight=False, soft_wrap=True)
         if saved is not None:  # soft_wrap: a path is never cut or split, whatever the width
             out.print(f"[dim]result: {escape(str(saved))}[/]", highlight=False, soft_wrap=True)
     try:

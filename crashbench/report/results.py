@@ -30,6 +30,7 @@ from crashbench.faults.records import Fault as Fault
 from crashbench.faults.records import KillRecord as KillRecord
 from crashbench.faults.records import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.faults.records import WorkerExit as WorkerExit
+from crashbench.run import connect
 from crashbench.run.server import ServerInfo
 
 SCHEMA = "crashbench.result"
@@ -199,6 +200,13 @@ class Environment:
     worker_python: str | None = None  # --worker-python, whose versions `libraries` then gives (and "python")
     server_primaries: int = 0  # a cluster's primaries serving slots and its replicas in all; 0 for one server
     server_replicas: int = 0
+    server_url: str | None = None  # where the run's clients connected, its password masked
+    server_db: int = 0
+
+    def server_line(self) -> str:
+        """The server and database a run used, for the line under its table."""
+        where = f" at {self.server_url}" if self.server_url else ""
+        return f"{self.server_name} {self.server_version} ({self.server_mode}){where}, db {self.server_db}"
 
 
 @dataclass(slots=True)
@@ -382,6 +390,8 @@ def environment(server: ServerInfo, libraries: dict[str, str], worker_python: st
         server_mode=server.mode,
         server_primaries=server.primaries,
         server_replicas=server.replicas,
+        server_url=server.shown_url,
+        server_db=connect.database_of(server.url),
         commit=commit,
         dirty=bool(status) if status is not None else None,
         libraries=libraries,

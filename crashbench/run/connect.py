@@ -156,18 +156,25 @@ def _node_url(url: str, host: str, port: int) -> str:
     return urlunsplit((parts.scheme, netloc, "", parts.query, ""))
 
 
+def _database_values(url: str) -> list[str]:
+    if url.lower().startswith("unix"):
+        return parse_qs(urlsplit(url).query).get("db", [])
+    path = urlsplit(url).path.strip("/")
+    return ([path] if path else []) + parse_qs(urlsplit(url).query).get("db", [])
+
+
 def check_database(url: str) -> None:
     """A ValueError unless the URL's database (its path, or ?db=) is a whole number: redis-py takes
     `redis://host/abc` for database 0 without a word."""
-    if url.lower().startswith("unix"):
-        values = parse_qs(urlsplit(url).query).get("db", [])
-    else:
-        path = urlsplit(url).path.strip("/")
-        values = [path] if path else []
-        values += parse_qs(urlsplit(url).query).get("db", [])
-    for v in values:
+    for v in _database_values(url):
         if not v.isdigit():
             raise ValueError(f"the database must be a whole number, not {v!r}")
+
+
+def database_of(url: str) -> int:
+    """The database a (checked) URL selects, as redis-py reads it: ?db= over the path; 0 for none."""
+    values = [v for v in _database_values(url) if v.isdigit()]
+    return int(values[-1]) if values and not is_cluster(url) else 0
 
 
 def resolved(url: str) -> str:
