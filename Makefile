@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
+.PHONY: compare test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -158,6 +158,9 @@ report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's H
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 	$(BIN)/python bench/inspector_cost.py
+
+bench-interrupt: $(STAMP)  ## how fast bench stops on Ctrl-C / SIGTERM, interrupted in every phase (goal: under 1 s)
+	$(BIN)/python bench/interrupt.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

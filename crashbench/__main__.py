@@ -1,3 +1,3 @@
-from crashbench.cli import main
+from crashbench.console import main
 
 main()

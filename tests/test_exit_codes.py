@@ -33,6 +33,7 @@ ALLOWED_EXITS = {
     ("cli/common.py", "fail"): "a CrashbenchError's exit_code (an ExitCode)",
     ("cli/common.py", "report"): "cli_gate.exit_code: an ExitCode from the result's status",
     ("cli/__init__.py", "main"): "gate.run_cli: an ExitCode around click's own exits",
+    ("console.py", "main"): "INTERRUPTED, ExitCode.INTERRUPTED's value (the test below): a signal while it imports",
     ("run/supervisor.py", "_run"): "a forked worker child ends with os._exit, never returning into the runner",
     ("run/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
     ("run/zygote.py", "start"): "the forked fork server ends with os._exit, never returning into the runner",
@@ -83,6 +84,30 @@ def test_every_exit_in_the_source_is_an_allowed_one_and_the_cli_s_take_an_exit_c
     assert {w for w in ALLOWED_EXITS if w[0].startswith("cli/")} <= seen  # the CLI's are where this test looks
     for fn in (cli_gate.exit_code, cli_gate.run_cli):  # the two that compute a CLI exit
         assert typing.get_type_hints(fn)["return"] is ExitCode
+
+
+INTERRUPT_WHILE_IMPORTING = """
+import os, signal, sys
+class Hook:  # the signal arrives while the command line imports: before any command could catch it
+    def find_spec(self, name, path=None, target=None):
+        if name == "crashbench.cli.common":
+            os.kill(os.getpid(), signal.%s)
+        return None
+sys.meta_path.insert(0, Hook())
+sys.argv = ["crashbench", "list"]
+from crashbench.console import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_command_line_imports_exits_130_in_one_line(sig: str) -> None:
+    from crashbench import console
+
+    assert console.INTERRUPTED == ExitCode.INTERRUPTED  # its own copy, kept import-free
+    cp = subprocess.run([sys.executable, "-c", INTERRUPT_WHILE_IMPORTING % sig], capture_output=True, text=True, cwd=ROOT)
+    assert cp.returncode == ExitCode.INTERRUPTED, (cp.returncode, cp.stderr)
+    assert cp.stderr.strip() == "crashbench: error: interrupted" and cp.stdout == ""
 
 
 def test_every_error_and_status_maps_to_an_exit_code() -> None:

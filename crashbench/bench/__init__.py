@@ -277,7 +277,13 @@ def _latency(s: _Session, settings: BenchSettings, rate: float) -> dict[str, Lat
         enqueued_at[job.id] = time.monotonic()
         s.design.enqueue([job])
     ids = set(enqueued_at)
-    _wait(lambda: all(s.ledger.completed[j] for j in ids), s.ledger.poll)
+    pending = set(ids)
+
+    def all_done() -> bool:  # each job looked up once it is done, never a Counter of every execution per look
+        pending.difference_update([j for j in pending if s.ledger.has_completed(j)])
+        return not pending
+
+    _wait(all_done, s.ledger.poll)
     ended = {e.job: e.end for e in s.ledger.executions if e.job in ids and e.end is not None}
     high = {j.id for j in jobs if '"high"' in j.payload}
     out = {}
