@@ -247,3 +247,23 @@ def test_the_queue_axis_ends_at_the_highest_reading_drawn() -> None:
     panel = svg.depth_panel(tl, svg.Scale(0.0, 1.0, 100, 900), 0, 60)
     labels = re.findall(r'class="ylab"[^>]*>([^<]+)<', panel)
     assert labels == ["10", "0"] and "pending (max 10)" in panel and "in flight (max 4)" in panel
+
+
+def test_the_queue_line_breaks_through_a_broker_outage_instead_of_holding_its_last_reading() -> None:
+    """The server was down from 0.4 s to 0.8 s: nobody read the queue then, so nothing is drawn there
+    (a held 6 would be made up); the line stops at the fault and starts again at the first reading after."""
+    from crashbench.faults.records import BrokerFaultRecord
+
+    tl = synthetic(20)
+    tl.depth = [Depth(0.0, 10, 0, 0, 0), Depth(0.25, 6, 0, 0, 0), Depth(0.9, 4, 0, 0, 0), Depth(1.0, 0, 0, 0, 0)]
+    tl.broker_fault = BrokerFaultRecord("kill", "none", 0.4, 6, [], 0, back_at=0.8)
+    scale = svg.Scale(0.0, 1.0, 100, 900)
+    panel = svg.depth_panel(tl, scale, 0, 60)
+    areas = re.findall(r'class="depth-area" d="([^"]+)"', panel)
+    assert len(areas) == 2
+    xs = [[float(x) for x in re.findall(r"[MH](\d+(?:\.\d+)?)", d)] for d in areas]
+    assert max(xs[0]) == round(scale.x(0.4)) and min(xs[1]) == round(scale.x(0.9))
+    chart = svg.depth_chart([tl], width=500)
+    assert re.search(r'<path d="M[^"]*M', chart)  # the standalone chart's line is broken there too
+    tl.broker_fault = None
+    assert len(re.findall(r'class="depth-area"', svg.depth_panel(tl, scale, 0, 60))) == 1

@@ -130,6 +130,26 @@ def _steps(points: Sequence[tuple[float, float]], scale: Scale, y: float, h: flo
     return "".join(parts)
 
 
+def _unbroken(
+    pts: list[tuple[float, float]], end: float, outage: tuple[float, float] | None
+) -> list[list[tuple[float, float]]]:
+    """The readings as step lines that each hold to their next reading, broken by a broker outage:
+    the last reading before it holds until the fault struck, nothing is drawn until the server
+    answered again (nobody could read the queue: a held value would be made up), the first after it
+    starts again. Without an outage, one line to `end`."""
+    if outage is None:
+        return [[*pts, (end, pts[-1][1])]]
+    struck, back = outage
+    before = [p for p in pts if p[0] <= struck]
+    after = [p for p in pts if p[0] >= back and p[0] > struck]
+    parts = []
+    if before:
+        parts.append([*before, (min(struck, end), before[-1][1])])
+    if after:
+        parts.append([*after, (max(end, after[-1][0]), after[-1][1])])
+    return parts
+
+
 def depth_panel(tl: Timeline, scale: Scale, y: float, h: float) -> str:
     """Queue depth over time: pending as an area (it dwarfs the rest), the others as step lines. Each
     series names its maximum in the legend, so a line flat on the floor still says what it held."""
@@ -145,16 +165,16 @@ def depth_panel(tl: Timeline, scale: Scale, y: float, h: float) -> str:
     for name, label, colour in DEPTH_SERIES:
         pts = [(d.t, float(getattr(d, name))) for d in tl.depth]
         peak = max(v for _, v in pts)
-        pts.append((end, pts[-1][1]))
-        path = _steps(pts, scale, y, h, top)
-        if name == "pending":
-            base = num(y + h)
-            first = num(scale.x(pts[0][0]))
-            out.append(f'<path class="depth-area" d="{path}V{base}H{first}Z" fill="{colour}"/>')
-        elif peak == 0:
+        if name != "pending" and peak == 0:
             continue
-        else:
-            out.append(f'<path class="depth-line" d="{path}" stroke="{colour}"/>')
+        for part in _unbroken(pts, end, tl.fault_window()):
+            path = _steps(part, scale, y, h, top)
+            if name == "pending":
+                base = num(y + h)
+                first = num(scale.x(part[0][0]))
+                out.append(f'<path class="depth-area" d="{path}V{base}H{first}Z" fill="{colour}"/>')
+            else:
+                out.append(f'<path class="depth-line" d="{path}" stroke="{colour}"/>')
         text = f"{label} (max {fmt_count(peak)})"
         out.append(f'<rect x="{num(legend_x)}" y="{num(y + 6)}" width="9" height="9" fill="{colour}"/>'
                    f'<text class="key" x="{num(legend_x + 13)}" y="{num(y + 14)}">{esc(text)}</text>')  # fmt: skip
@@ -224,8 +244,8 @@ def depth_chart(timelines: list[Timeline], width: int = 640, height: int = 160) 
         name = tl.variant or tl.spec
         if tl.depth:
             pts = [(d.t, float(d.pending + d.inflight)) for d in tl.depth]
-            pts.append((max(tl.drained_at, pts[-1][0]), pts[-1][1]))
-            path = _steps(pts, scale, top_pad, h, peak)
+            parts = _unbroken(pts, max(tl.drained_at, pts[-1][0]), tl.fault_window())
+            path = "".join(_steps(part, scale, top_pad, h, peak) for part in parts)  # each part starts with M
             out.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="1.8"><title>{esc(name)}'
                        "</title></path>")  # fmt: skip
         out.append(f'<rect x="{num(legend_x)}" y="6" width="10" height="10" fill="{colour}"/>'
