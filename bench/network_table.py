@@ -1,6 +1,6 @@
 """The README's network table from the result files `make network` writes: one row per scenario and
 design (the newest result of each): lost, duplicated (of which overlapping), stuck workers, how soon
-the faulted workers (the producer: its enqueues) resumed after the fault healed, how soon the queue
+the slowest of the faulted workers (the producer: its enqueues) resumed after the fault healed, how soon the queue
 drained, and, where the producer enqueued during the run, its indeterminate enqueues (of which ran).
 
     python bench/network_table.py results/readme/network
@@ -21,7 +21,8 @@ def _after(ms: float | None, none: str) -> str:
 
 def row(scenario: str, run: DesignRun) -> str:
     c, faults = run.counts, run.network_faults
-    resumes = [nf.resume_ms for nf in faults if nf.healed_at is not None and nf.target != "replica"]
+    # Resumed: the slowest faulted slot's first job after the heal (the producer: its first enqueue).
+    resumes = [nf.slowest_resume_ms for nf in faults if nf.healed_at is not None and nf.target != "replica"]
     resume = "never" if any(r is None for r in resumes) else _after(max(resumes, default=None), "-")  # type: ignore[arg-type]
     drained = [nf.drained_ms for nf in faults if nf.healed_at is not None]
     drain = _after(max((d for d in drained if d is not None), default=None), "not drained")

@@ -102,7 +102,7 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
     assert cp.returncode == 0, cp.stderr
     data = json.loads(cp.stdout)
     assert data == json.loads(out.read_text())
-    assert (data["schema"], data["schema_version"]) == ("crashbench.result", 3)
+    assert (data["schema"], data["schema_version"]) == ("crashbench.result", 4)
     assert data["scenario"]["jobs"] == 600 and data["scenario"]["seed"] == 1
     run = data["runs"][0]
     assert run["counts"]["lost"] == run["counts"]["kills_mid_job"] == 2

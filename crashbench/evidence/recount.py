@@ -20,7 +20,7 @@ from crashbench.evidence import tally, verdict
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.timeline import Timeline, TimelineError, read
 from crashbench.report import store
-from crashbench.report.results import DesignRun, Result, counts_unknown_to, jsonable
+from crashbench.report.results import DesignRun, Result, counts_unknown_to, jsonable, network_fields_unknown_to
 from crashbench.run.session import replay_scenario
 from crashbench.scenario import Scenario
 from crashbench.scenario.thresholds import ThresholdSyntaxError
@@ -89,14 +89,20 @@ def _flat(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
-def differences(saved: DesignRun, recounted: DesignRun, unknown: Collection[str] = ()) -> list[str]:
-    """What differs between the saved run and the recounted one; `unknown`: counts the saved file's
-    version does not carry (crashbench.report.results.ADDED_COUNTS), not compared."""
+def differences(
+    saved: DesignRun, recounted: DesignRun, unknown: Collection[str] = (), unknown_network: Collection[str] = ()
+) -> list[str]:
+    """What differs between the saved run and the recounted one; `unknown`, `unknown_network`: counts
+    and network fault fields the saved file's version does not carry (crashbench.report.results'
+    ADDED_COUNTS, ADDED_NETWORK_FIELDS), not compared."""
 
     def form(run: DesignRun) -> dict[str, Any]:
         data = jsonable(dataclasses.asdict(dataclasses.replace(run, timeline=None)))
         for name in unknown:
             data["counts"].pop(name, None)
+        for nf in data["network_faults"]:
+            for name in unknown_network:
+                nf.pop(name, None)
         return json.loads(json.dumps({k: data[k] for k in COMPARED}))
 
     a, b = _flat("", form(saved)), _flat("", form(recounted))
@@ -126,7 +132,9 @@ def recount(result: Result, timelines: list[Timeline]) -> list[RunRecount]:
     out = []
     for tl, saved in zip(timelines, result.runs, strict=True):
         again = tally.design_run(tl)
-        found = differences(saved, again, counts_unknown_to(result.schema_version))
+        found = differences(
+            saved, again, counts_unknown_to(result.schema_version), network_fields_unknown_to(result.schema_version)
+        )
         out.append(RunRecount(tl.index, saved.design + (f" {saved.variant}" if saved.variant else ""),
                               found + scenario_differences(result, tl), again))  # fmt: skip
     return out

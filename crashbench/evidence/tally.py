@@ -46,6 +46,13 @@ def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
     else:
         mine = sorted(t for t, s in starts if s in nf.slots)
     nf.resume_ms = round((mine[0] - healed) * 1000, 3) if mine else None
+    if nf.target == "producer":
+        nf.slowest_resume_ms = nf.resume_ms
+    elif nf.target != "replica":
+        first = {s: min((t for t, s2 in starts if s2 == s), default=None) for s in nf.slots}
+        nf.slot_resume_ms = [round((t - healed) * 1000, 3) if t is not None else None for t in first.values()]
+        slowest = nf.slot_resume_ms
+        nf.slowest_resume_ms = max(slowest) if slowest and None not in slowest else None  # type: ignore[type-var]
     ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
     nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None
     nf.drained_ms = round((tl.drained_at - healed) * 1000, 3) if tl.drained else None

@@ -108,6 +108,11 @@ class NetworkFaultRecord:
     target: str = "workers"  # the workers in `slots`, the producer, or the replica link (crashbench.faults)
     # What the queue did (crashbench.evidence.tally, from the ledgers and the harness's readings):
     resume_ms: float | None = None  # healed -> the first handler start in one of its slots (None: never)
+    # healed -> each slot's own first handler start, in the order of `slots` (None: that slot never did)
+    slot_resume_ms: list[float | None] = field(default_factory=list)
+    # The headline: healed -> the moment the last of its slots had started one (None: one never did);
+    # for the producer, its first acknowledged enqueue (resume_ms).
+    slowest_resume_ms: float | None = None
     progress_ms: float | None = None  # healed -> the first completion anywhere (None: none after it)
     drained_ms: float | None = None  # healed -> the drain's end, when the run drained
     stuck: list[int] = field(default_factory=list)  # its slots that never started a handler again while jobs waited

@@ -30,6 +30,24 @@ def _failed_metrics(result: Result, name: str) -> set[str]:
     return {t.threshold.split(" ")[0].split(".")[0] for t in result.thresholds if t.design == name and not t.met}
 
 
+def _resumed(nf: NetworkFaultRecord) -> str:
+    """The slowest of the faulted slots first (the queue is back once all are), then each slot's."""
+    if not nf.slot_resume_ms:  # the producer; or a result saved before per-slot times (the first slot's)
+        if nf.resume_ms is None:
+            return "never resumed"
+        return f"resumed {nf.resume_ms / 1000:.2f} s after" if nf.target == "producer" else (
+            f"first slot resumed {nf.resume_ms / 1000:.2f} s after"
+        )  # fmt: skip
+    each = ", ".join(
+        f"slot {s} {'never' if ms is None else f'{ms / 1000:.2f} s'}"
+        for s, ms in zip(nf.slots, nf.slot_resume_ms, strict=True)
+    )
+    if nf.slowest_resume_ms is None:
+        return f"not all resumed ({each})"
+    head = "resumed" if len(nf.slots) == 1 else "all resumed"
+    return f"{head} {nf.slowest_resume_ms / 1000:.2f} s after" + (f" ({each})" if len(nf.slots) > 1 else "")
+
+
 def network_line(nf: NetworkFaultRecord) -> str:
     """One network fault and how the queue came back from it."""
     where = {"producer": "the producer", "replica": "the replica link"}.get(
@@ -39,7 +57,7 @@ def network_line(nf: NetworkFaultRecord) -> str:
     text = f"network {nf.toxic} on {where} from {nf.at:.2f} s {healed}"
     if nf.healed_at is None:
         return text
-    resumed = f"resumed {nf.resume_ms / 1000:.2f} s after" if nf.resume_ms is not None else "never resumed"
+    resumed = _resumed(nf)
     if nf.target == "replica":
         resumed = "healed"  # the replica's catching up is not the queue's progress
     drained = f", drained {nf.drained_ms / 1000:.2f} s after" if nf.drained_ms is not None else ""

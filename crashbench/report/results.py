@@ -34,16 +34,25 @@ from crashbench.run import connect
 from crashbench.run.server import ServerInfo
 
 SCHEMA = "crashbench.result"
-SCHEMA_VERSION = 3  # 2: repeats, thresholds, result ids, the fault schedule and the machine; 3: redeliveries
-READS = (2, 3)  # the versions this crashbench reads
+# 2: repeats, thresholds, result ids, the fault schedule and the machine; 3: redeliveries; 4: each
+# network fault's per-slot resume times and the slowest.
+SCHEMA_VERSION = 4
+READS = (2, 3, 4)  # the versions this crashbench reads
 # The counts each version added: a file of an older version never had them, so recount and the
 # verdict's check do not compare them (crashbench.evidence.recount, crashbench.evidence.verdict).
 ADDED_COUNTS = {3: ("redelivered", "redeliveries", "taken_by_stop")}
+# The same for the fields of each network fault.
+ADDED_NETWORK_FIELDS = {4: ("slot_resume_ms", "slowest_resume_ms")}
 
 
 def counts_unknown_to(version: int) -> set[str]:
     """The counts a result file of `version` does not carry."""
     return {name for v, names in ADDED_COUNTS.items() if v > version for name in names}
+
+
+def network_fields_unknown_to(version: int) -> set[str]:
+    """The network fault fields a result file of `version` does not carry."""
+    return {name for v, names in ADDED_NETWORK_FIELDS.items() if v > version for name in names}
 
 
 @dataclass(slots=True)
