@@ -277,14 +277,20 @@ class Supervisor:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
         ledger can no longer move."""
         self.send(w, signal.SIGSTOP)
-        family = self._family(w)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                if all(p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in family):
-                    return True
-            except psutil.NoSuchProcess:
-                family = self._family(w)
+            # Listed again each time: a child forked after the first list, before the worker stopped
+            # (an RQ work horse for the next job), is stopped too; a stopped worker forks no more.
+            running = []
+            for p in self._family(w):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                        running.append(p)
+            if not running:
+                return True
+            for p in running:  # again for one on its way to stopping: harmless
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(signal.SIGSTOP)
         return False
 
     def thaw(self, w: WorkerProcess) -> None:

@@ -1,0 +1,57 @@
+"""Freezing a worker's process tree (crashbench.run.supervisor.Supervisor.freeze): every process in
+it is stopped by the kernel before a fault reads its time, also a child the worker forked between
+the tree's first listing and its own stop (an RQ work horse for the next job): a missed one ran its
+job on through the fault and finished it (a mid-job kill with nothing interrupted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from crashbench.run.supervisor import Supervisor
+
+
+def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def prepare(name: str, slot: int) -> Callable[[], int]:
+        def body() -> int:
+            if os.fork() == 0:  # the "horse"
+                (tmp_path / "child").write_text(str(os.getpid()))
+                time.sleep(60)
+                os._exit(0)
+            time.sleep(60)
+            return 0
+
+        return body
+
+    sup = Supervisor(prepare, tmp_path, time.monotonic, tree=True)
+    w = sup.spawn(0)
+    child = None
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
+            assert time.monotonic() < deadline, "the worker never forked its child"
+            time.sleep(0.005)
+        child = psutil.Process(int((tmp_path / "child").read_text()))
+        real = sup._family
+        calls = []
+
+        def first_list_misses_the_child(worker):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            family = real(worker)
+            return family[:1] if len(calls) == 1 else family  # as if the child came after the listing
+
+        monkeypatch.setattr(sup, "_family", first_list_misses_the_child)
+        assert sup.freeze(w)
+        assert psutil.Process(w.pid).status() == psutil.STATUS_STOPPED
+        assert child.status() == psutil.STATUS_STOPPED
+    finally:
+        monkeypatch.undo()
+        if child is not None and child.is_running():
+            child.kill()
+        sup.stop_all(grace=0.5)

@@ -1,0 +1,164 @@
+"""The packages are layers: nothing imports upward, nothing imports in a circle (issue 27).
+
+LAYERS names the order, bottom first; a package may import its own layer and any below. Today's
+code does not meet it yet: KNOWN_UPWARD and KNOWN_CYCLES list what it still does, and only shrink.
+A new upward import or a new circle fails here; so does an entry that is no longer true (remove it:
+the ratchet tightens). Every import counts, type-only ones too: they are dependencies all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "crashbench"
+
+# Bottom first. "base": crashbench's own top-level modules that import nothing of it (errors, jobids, files).
+LAYERS = [
+    {"base"},
+    {"scenario"},
+    {"designs"},
+    {"evidence"},
+    {"faults"},
+    {"run"},
+    {"report"},
+    {"bench"},
+    {"cli"},
+    {"console", "__main__"},
+]
+BASE = {"__init__", "errors", "jobids", "files"}
+
+# (importer, imported) packages that import upward today (issue 27 removes them).
+KNOWN_UPWARD = {
+    ("scenario", "designs"), ("scenario", "evidence"), ("scenario", "faults"), ("scenario", "run"),
+    ("scenario", "report"), ("designs", "evidence"), ("designs", "run"), ("evidence", "faults"),
+    ("evidence", "run"), ("evidence", "report"), ("faults", "run"),
+    ("run", "report"), ("report", "bench"),
+}  # fmt: skip
+# Modules that import each other in a circle today.
+KNOWN_CYCLES = {
+    frozenset({"crashbench.run.cluster", "crashbench.run.server"}),
+    frozenset({"crashbench.faults", "crashbench.scenario"}),
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(root: Path) -> dict[str, set[str]]:
+    """Each module of the package at `root` and the modules of it that it imports (a name imported
+    from a package counts as its submodule when there is one). A module's own enclosing packages are
+    left out: importing a submodule runs them, which is no dependency of the module's choosing."""
+    top = root.name
+    paths = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t.split(".")[0] == top and t in paths}
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        graph[name] = found - ancestors - {name}
+    return graph
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "base"
+    if (ROOT / parts[1]).is_dir() or len(parts) > 2:
+        return parts[1]
+    return "base" if parts[1] in BASE else parts[1]
+
+
+def level(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def upward(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) package pairs that point up, each with an example import."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            pa, pb = package_of(a), package_of(b)
+            if pa != pb and level(pb) > level(pa):
+                found.setdefault((pa, pb), []).append(f"{a} imports {b}")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Every set of modules that import each other in a circle (Tarjan's strongly connected
+    components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_package_is_in_a_layer() -> None:
+    packages = {package_of(m) for m in imports(ROOT)}
+    assert packages <= set().union(*LAYERS), packages - set().union(*LAYERS)
+
+
+def test_no_package_imports_upward_beyond_the_known_ones() -> None:
+    found = upward(imports(ROOT))
+    new = {k: v[:3] for k, v in found.items() if k not in KNOWN_UPWARD}
+    assert new == {}, f"imports pointing up a layer: {new}"
+    gone = KNOWN_UPWARD - set(found)
+    assert gone == set(), f"no longer imported upward, remove from KNOWN_UPWARD: {gone}"
+
+
+def test_no_modules_import_each_other_in_a_circle_beyond_the_known_ones() -> None:
+    found = cycles(imports(ROOT))
+    assert found - KNOWN_CYCLES == set(), f"new import circles: {found - KNOWN_CYCLES}"
+    assert KNOWN_CYCLES - found == set(), f"circles gone, remove from KNOWN_CYCLES: {KNOWN_CYCLES - found}"
+
+
+def test_the_checks_fire_on_an_upward_import_and_a_circle(tmp_path: Path) -> None:
+    """A package made for the purpose: a module of a lower layer importing a higher one, and two
+    modules importing each other (one through `from pkg import name`)."""
+    pkg = tmp_path / "crashbench"
+    for d in ("scenario", "run"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scenario" / "a.py").write_text("from crashbench.run import b\n")
+    (pkg / "run" / "b.py").write_text("import crashbench.run.c\n")
+    (pkg / "run" / "c.py").write_text("from crashbench.run.b import x\n")
+    graph = imports(pkg)
+    assert set(upward(graph)) == {("scenario", "run")}
+    assert cycles(graph) == {frozenset({"crashbench.run.b", "crashbench.run.c"})}
