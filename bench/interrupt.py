@@ -26,7 +26,9 @@ SPAN = (0.5, 40.0)  # the default bench takes about 80 s here: the moments cover
 
 def once(sig: signal.Signals, at: float, out: str) -> float | None:
     """Seconds from the signal to the exit, or None when the bench ended before `at`."""
-    proc = subprocess.Popen([str(BIN), "bench", "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(BIN), "bench", "--out", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     family: set[psutil.Process] = set()
     deadline = time.monotonic() + at
     while time.monotonic() < deadline and proc.poll() is None:
@@ -52,7 +54,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as out:
         for sig in (signal.SIGINT, signal.SIGTERM):
             took = [t for t in (once(sig, rng.uniform(*SPAN), out) for _ in range(n)) if t is not None]
-            print(f"{sig.name}: {len(took)} interruptions, stop median {statistics.median(took):.2f} s, max {max(took):.2f} s")
+            print(
+                f"{sig.name}: {len(took)} interruptions, "
+                f"stop median {statistics.median(took):.2f} s, max {max(took):.2f} s"
+            )
     return 0
 
 

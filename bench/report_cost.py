@@ -10,7 +10,7 @@ import time
 
 from crashbench.evidence.ledger import Execution
 from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 from crashbench.report import html
 from crashbench.report.results import Environment, Result
 

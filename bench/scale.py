@@ -39,7 +39,7 @@ import psutil
 
 from crashbench.evidence import recount
 from crashbench.evidence.timeline import Timeline
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 
 RUNS = Path("results/scale")
 SCENARIO = Path(__file__).with_name("scale.toml")

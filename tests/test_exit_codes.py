@@ -105,7 +105,9 @@ def test_a_signal_while_the_command_line_imports_exits_130_in_one_line(sig: str)
     from crashbench import console
 
     assert console.INTERRUPTED == ExitCode.INTERRUPTED  # its own copy, kept import-free
-    cp = subprocess.run([sys.executable, "-c", INTERRUPT_WHILE_IMPORTING % sig], capture_output=True, text=True, cwd=ROOT)
+    cp = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_WHILE_IMPORTING % sig], capture_output=True, text=True, cwd=ROOT
+    )
     assert cp.returncode == ExitCode.INTERRUPTED, (cp.returncode, cp.stderr)
     assert cp.stderr.strip() == "crashbench: error: interrupted" and cp.stdout == ""
 

@@ -6,7 +6,6 @@ job on through the fault and finished it (a mid-job kill with nothing interrupte
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,9 @@ import pytest
 from crashbench.run.supervisor import Supervisor
 
 
-def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def prepare(name: str, slot: int) -> Callable[[], int]:
         def body() -> int:
             if os.fork() == 0:  # the "horse"

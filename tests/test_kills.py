@@ -7,7 +7,7 @@ import math
 
 from crashbench.evidence.executions import Execution, Executions
 from crashbench.evidence.kills import caught, recovery_ms, settle
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 
 
 def kill(signal: str, at: float, claimed: list[str], worker: str = "w0", child: int = 0) -> KillRecord:

@@ -14,7 +14,7 @@ import pytest
 
 from crashbench.evidence.ledger import Execution
 from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 from crashbench.report import html, svg
 from crashbench.report.results import Environment, Result
 from crashbench.run.session import Options, run_designs
@@ -252,7 +252,7 @@ def test_the_queue_axis_ends_at_the_highest_reading_drawn() -> None:
 def test_the_queue_line_breaks_through_a_broker_outage_instead_of_holding_its_last_reading() -> None:
     """The server was down from 0.4 s to 0.8 s: nobody read the queue then, so nothing is drawn there
     (a held 6 would be made up); the line stops at the fault and starts again at the first reading after."""
-    from crashbench.faults.records import BrokerFaultRecord
+    from crashbench.model.faults import BrokerFaultRecord
 
     tl = synthetic(20)
     tl.depth = [Depth(0.0, 10, 0, 0, 0), Depth(0.25, 6, 0, 0, 0), Depth(0.9, 4, 0, 0, 0), Depth(1.0, 0, 0, 0, 0)]

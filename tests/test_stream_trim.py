@@ -19,8 +19,8 @@ from crashbench.designs.stream import GROUP, StreamQueue
 from crashbench.evidence import trim
 from crashbench.evidence.executions import Execution
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Timeline
-from crashbench.faults.records import BrokerFaultRecord
 from crashbench.jobids import JobIds
+from crashbench.model.faults import BrokerFaultRecord
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts

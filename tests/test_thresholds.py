@@ -7,7 +7,7 @@ import pytest
 
 from crashbench.errors import UsageError
 from crashbench.evidence.counts import Counts
-from crashbench.faults.records import NetworkFaultRecord
+from crashbench.model.faults import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Timings
 from crashbench.scenario.thresholds import (
     Threshold,

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from crashbench.evidence.executions import Execution, Executions
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 
 
 def caught(kills: Sequence[KillRecord], runs: Executions) -> list[list[str]]:

@@ -20,7 +20,7 @@ from crashbench.evidence import kills as killing
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
-from crashbench.faults.records import JOB_SAMPLE, NetworkFaultRecord
+from crashbench.model.faults import JOB_SAMPLE, NetworkFaultRecord
 from crashbench.report.results import DesignRun, KillRecord, Timings
 from crashbench.scenario import Scenario
 

@@ -54,8 +54,8 @@ from crashbench.evidence.counts import Problem
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.ledger import LedgerProblem
-from crashbench.faults.records import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 from crashbench.jobids import JobIds
+from crashbench.model.faults import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 
 SCHEMA = "crashbench.timeline"
 SCHEMA_VERSION = 1

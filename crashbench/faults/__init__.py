@@ -53,7 +53,7 @@ import dataclasses
 import random
 from typing import TYPE_CHECKING, Any
 
-from crashbench.faults.records import Fault as Fault  # re-exported
+from crashbench.model.faults import Fault as Fault  # re-exported
 
 if TYPE_CHECKING:
     from crashbench.scenario import Scenario

@@ -48,7 +48,7 @@ from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
 from crashbench.faults import CLUSTER_KINDS
 from crashbench.faults.broker import Producer, ReplicaCut
-from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault
+from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
 

@@ -24,7 +24,7 @@ from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
 from crashbench.faults.broker import Broker, Producer, ReplicaCut, wait_back
 from crashbench.faults.proxyctl import ProxyProcess
-from crashbench.faults.records import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
+from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 
 if TYPE_CHECKING:

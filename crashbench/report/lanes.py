@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from crashbench.evidence.ledger import Execution
 from crashbench.evidence.timeline import Timeline
-from crashbench.faults.records import KillRecord
+from crashbench.model.faults import KillRecord
 from crashbench.report.svg import Scale, esc, num
 
 AGGREGATE_ABOVE = 20_000

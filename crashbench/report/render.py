@@ -12,7 +12,7 @@ from rich.text import Text
 
 from crashbench.bench.results import BenchResult
 from crashbench.evidence.counts import Problem
-from crashbench.faults.records import NetworkFaultRecord
+from crashbench.model.faults import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.report.results import label as label_of
 from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail

@@ -1,0 +1,6 @@
+"""The records at the bottom of crashbench: what a run is asked to do and what it did, as plain data.
+
+Every other package may import these; they import nothing of crashbench above them, nor redis,
+psutil, click or rich (tests/test_layers.py holds both). Moving here, one record family at a time
+(issue 27): `faults`, the worker, broker and network faults as executed.
+"""
