@@ -88,6 +88,9 @@ def test_every_exit_in_the_source_is_an_allowed_one_and_the_cli_s_take_an_exit_c
 
 INTERRUPT_WHILE_IMPORTING = """
 import os, signal, sys
+# As a shell starts it: an earlier test in this process may have left SIGINT ignored, and an ignored
+# disposition is inherited, which Python then keeps instead of its KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class Hook:  # the signal arrives while the command line imports: before any command could catch it
     def find_spec(self, name, path=None, target=None):
         if name == "crashbench.cli.common":
