@@ -104,17 +104,19 @@ def test_every_builtin_design_crash_runs_on_the_cluster_with_exact_counts(
     mine = {f"app:{n}": str(n) for n in range(10)}  # on every primary: never touched
     for key, value in mine.items():
         foreign.set(key, value)
-    result = run_designs(few, BUILTINS, Options(redis_url=cluster.url))
+    # 1,200 jobs (1.5 s of work for 4 workers): work left for the third kill (at 0.3 s, each waiting
+    # for its victim to be inside a handler) however late a loaded machine runs it.
+    result = run_designs(few.with_overrides(jobs=1200), BUILTINS, Options(redis_url=cluster.url))
     assert result.environment.server_mode == "external-cluster" and result.environment.server_primaries == 3
     by_design = {run.design: run for run in result.runs}
     for name, run in by_design.items():
         c = run.counts
         assert run.problems == [], name
-        assert (c.enqueued, c.kills, c.kills_mid_job, c.stranded, c.unexpected) == (300, 3, 3, 0, 0), name
+        assert (c.enqueued, c.kills, c.kills_mid_job, c.stranded, c.unexpected) == (1200, 3, 3, 0, 0), name
         if name == "naive":
-            assert c.lost == 3 and c.done == 297 and c.duplicated == 0  # one job per mid-job kill
+            assert c.lost == 3 and c.done == 1197 and c.duplicated == 0  # one job per mid-job kill
         else:
-            assert c.lost == 0 and c.done == 300, name
+            assert c.lost == 0 and c.done == 1200, name
         if name in ("reliable", "stream", "priority"):
             assert c.duplicated == 0, name  # killed inside the handler: interrupted, never run twice
         elif name != "naive":
@@ -197,14 +199,14 @@ def test_taskiq_runs_on_the_cluster_with_its_own_cluster_broker_and_exact_counts
     # remembers it, so with one handler a worker (max_async_tasks 1: nothing taken ahead) a kill loses
     # exactly its job.
     pytest.importorskip("taskiq_redis")
-    # 400 jobs: work left for the last kill's victim even when its worker starts late under load (a
-    # mid-job kill waits at most 5 s for its victim to be inside a handler, then strikes anyway).
-    sc = few.with_overrides(jobs=400, job_ms=10, concurrency=1)
+    # 1,500 jobs (3.75 s of work): work left for the last kill's victim even when its worker starts
+    # late under load (a mid-job kill waits at most 5 s for its victim to be inside a handler).
+    sc = few.with_overrides(jobs=1500, job_ms=10, concurrency=1)
     run = run_designs(sc, ["taskiq"], Options(redis_url=cluster.url)).runs[0]
     c = run.counts
     assert run.problems == [] and c.kills_mid_job == 3, run.kills
     assert c.lost == 3 and set(run.jobs["lost"]) == {k.job for k in run.kills}
-    assert (c.done, c.stranded, c.duplicated) == (397, 0, 0)
+    assert (c.done, c.stranded, c.duplicated) == (1497, 0, 0)
     assert crashbench_keys(cluster.url) == []
 
 

@@ -73,8 +73,9 @@ def test_network_faults_need_a_tcp_server_url(tmp_path: Path) -> None:
 def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that_arrived_runs(
     valkey_url: str, small: Scenario, direction: str, landed: int
 ) -> None:
-    """The producer's connection goes silent one way for 0.5 s with 0.3 s timeouts: two enqueues meet
-    it, each recorded indeterminate and never retried. Replies lost: the first one's request had reached
+    """The producer's connection goes silent one way for 0.5 s with 0.3 s timeouts: the enqueues that
+    meet it (two, or one when a loaded machine paces the producer slower) are each recorded
+    indeterminate and never retried. Replies lost: the first one's request had reached
     the server, and its jobs run; the second's never left (the reconnect's handshake got no answer).
     Requests lost: neither ran. Either way no acknowledged enqueue is missing and nothing runs twice."""
     cut = {"kind": "network", "target": "producer", "toxic": "timeout", "direction": direction, "at": 0.2,
@@ -92,8 +93,8 @@ def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that
     assert run.timeline is not None
     if not any(e.ok and e.t < nf.at for e in run.timeline.enqueues):
         landed = 0
-    assert (c.indeterminate, c.recovered, c.unconfirmed) == (20, landed, 20 - landed)
-    assert c.lost == c.duplicated == c.stranded == 0 and c.done == 180 + landed
+    assert c.indeterminate in (10, 20) and c.recovered == landed
+    assert c.lost == c.duplicated == c.stranded == 0 and c.done == 200 - c.indeterminate + landed
     # The report draws it off the lanes, for its span, and counts it among the faults.
     page = html.render(result, [run.timeline])  # type: ignore[list-item]
     assert page.count('class="band network elsewhere timeout"') == 1 and "network timeout on the producer" in page
