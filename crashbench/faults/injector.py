@@ -53,6 +53,7 @@ class WorkerFaults:
         # If no job reaches the victim (the queue ran dry), it is hit anyway after a while, counted
         # from when it was due and ready; the record then says it was not mid-job.
         self.wait = max(self.MID_JOB_WAIT, 20 * longest_job_s)
+        self.began: float | None = None  # when the first handler start of the run was seen
         self.t0 = 0.0
         self.records: list[KillRecord] = []
         self.paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
@@ -93,7 +94,7 @@ class WorkerFaults:
         ready = self.ledger.ready_at(victim.name)
         if now < due or ready is None or victim.name in self.paused:
             return False
-        if fault.kill_when == "mid-job" and now < max(due, ready) + self.wait:
+        if fault.kill_when == "mid-job" and now < self._give_up_at(max(due, ready), now):
             if self.ledger.inside(victim.name) is None or not self._frozen_inside(victim):
                 return True
             self.records.append(self._hit(fault, victim, due))
@@ -102,6 +103,18 @@ class WorkerFaults:
             self.records.append(self._hit(fault, victim, due))
         self.queue.popleft()
         return False
+
+    def _give_up_at(self, since: float, now: float) -> float:
+        """When a mid-job fault stops waiting for its victim to enter a handler: `wait` after it was
+        due and its victim READY, and after the run's first handler start, since a library's worker
+        may say READY seconds before it consumes anything (its own start-up, on a loaded machine).
+        Before any handler started anywhere: three times as long, so a design that never runs one
+        is still hit."""
+        if self.began is None and len(self.ledger.executions):
+            self.began = now
+        if self.began is None:
+            return since + 3 * self.wait
+        return max(since, self.began) + self.wait
 
     def _frozen_inside(self, victim: WorkerProcess) -> bool:
         """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze)."""
