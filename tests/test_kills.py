@@ -77,3 +77,19 @@ def test_a_child_only_kill_catches_only_that_process_and_every_handler_of_it() -
 def test_each_kill_reads_its_own_victim_only() -> None:
     runs = Executions.of([Execution("000013", "w0", 6.0, None, pid=100), Execution("000014", "w1", 6.0, None, pid=101)])
     assert caught([kill("SIGKILL", 6.1, [], "w1"), kill("SIGKILL", 6.2, [], "w0")], runs) == [["000014"], ["000013"]]
+
+
+def test_a_mid_job_fault_waits_for_its_victim_from_the_run_s_first_handler_start() -> None:
+    """A library's workers may say READY seconds before they consume (their start-up on a loaded
+    machine): the wait for the victim to be inside a handler counts from the first handler start seen
+    too, and before any start it is three times as long."""
+    from types import SimpleNamespace
+
+    from crashbench.faults.injector import WorkerFaults
+
+    ledger = SimpleNamespace(executions=[])
+    faults = WorkerFaults([], None, ledger, lambda: 0.0, own_worker=False, longest_job_s=0.01)  # type: ignore[arg-type]
+    assert faults._give_up_at(since=1.0, now=2.0) == 1.0 + 3 * 5.0  # nothing ran yet
+    ledger.executions = [object()]
+    assert faults._give_up_at(since=1.0, now=4.0) == 4.0 + 5.0  # the first start, seen at 4.0
+    assert faults._give_up_at(since=10.0, now=12.0) == 10.0 + 5.0  # due (and READY) later than that
