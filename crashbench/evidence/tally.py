@@ -41,18 +41,23 @@ def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
         return nf
     healed, slot_of = nf.healed_at, tl.slot_of()
     starts = [(ex.start, slot_of.get(ex.worker)) for ex in tl.executions if ex.start >= healed]
+
+    def after(t: float | None) -> float | None:
+        return round((t - healed) * 1000, 3) if t is not None else None
+
     if nf.target == "producer":  # resumed: its first acknowledged enqueue after the heal
-        mine = sorted(e.t for e in tl.enqueues if e.ok and e.t >= healed)
+        nf.resume_ms = nf.slowest_resume_ms = after(
+            min((e.t for e in tl.enqueues if e.ok and e.t >= healed), default=None)
+        )
     else:
-        mine = sorted(t for t, s in starts if s in nf.slots)
-    nf.resume_ms = round((mine[0] - healed) * 1000, 3) if mine else None
-    if nf.target == "producer":
-        nf.slowest_resume_ms = nf.resume_ms
-    elif nf.target != "replica":
-        first = {s: min((t for t, s2 in starts if s2 == s), default=None) for s in nf.slots}
-        nf.slot_resume_ms = [round((t - healed) * 1000, 3) if t is not None else None for t in first.values()]
-        slowest = nf.slot_resume_ms
-        nf.slowest_resume_ms = max(slowest) if slowest and None not in slowest else None  # type: ignore[type-var]
+        first: dict[int, float] = {}  # each faulted slot's first handler start after the heal
+        for t, s in starts:
+            if s in nf.slots and (s not in first or t < first[s]):
+                first[s] = t
+        nf.resume_ms = after(min(first.values(), default=None))
+        if nf.target != "replica":
+            nf.slot_resume_ms = [after(first.get(s)) for s in nf.slots]
+            nf.slowest_resume_ms = after(max(first.values())) if first and len(first) == len(nf.slots) else None
     ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
     nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None
     nf.drained_ms = round((tl.drained_at - healed) * 1000, 3) if tl.drained else None
