@@ -273,6 +273,23 @@ class Supervisor:
     def below(self, w: WorkerProcess) -> list[psutil.Process]:
         return self._family(w)[1:]
 
+    def stop_first(self, w: WorkerProcess, pid: int) -> None:
+        """SIGSTOP `pid` at once if it is `w` or a child of `w`: the process running a handler, stopped
+        before `freeze` lists the tree, which takes milliseconds on a loaded machine, long enough for a
+        short job to end. Any other pid (gone, or reused by then) is left alone."""
+        if not w.alive:
+            return
+        if pid != w.pid:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ppid ..."
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return
+            if ppid != w.pid:
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+
     def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
         ledger can no longer move."""
