@@ -20,6 +20,7 @@ a list, set, sorted set or hash of more than LARGE (500) entries is counted by i
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
@@ -59,23 +60,53 @@ class Reader:
         self.held, self.dead = jobids.Marks(), jobids.Marks()
         self.pending = self.delayed = self.dead_n = 0
         self.spent = 0.0  # seconds spent in steps: the reading's cost
+        self.thread: threading.Thread | None = None  # a whole reading's (see _step_whole)
+        self.error: Exception | None = None
 
     def step(self, budget_s: float = math.inf) -> Reading | None:
         """Read for about `budget_s`; the reading once it is complete, else None."""
+        if self.pieces is None:
+            return self._step_whole(budget_s)
         started = time.perf_counter()
         try:
-            if self.pieces is None:
-                located = self.design.locate(inspector.take(self.raw, self.design.key_patterns()))
-                self.pending = sum(1 for j in located.held if j not in located.delayed and j not in self.inside)
-                self.delayed, self.dead_n = len(located.delayed), len(located.dead)
-            else:
-                for piece in self.pieces:
-                    self._count(piece)
-                    if time.perf_counter() - started >= budget_s:
-                        return None
+            for piece in self.pieces:
+                self._count(piece)
+                if time.perf_counter() - started >= budget_s:
+                    return None
         finally:
             self.spent += time.perf_counter() - started
         return Reading(self.pending, self.delayed, self.dead_n, self.spent)
+
+    def _step_whole(self, budget_s: float) -> Reading | None:
+        """A library's reading, taken whole on a thread of its own: its job hashes take the better part
+        of a second to read and parse for a thousand jobs (seconds on a loaded machine), and the runner's
+        loop, which makes the faults and restarts killed workers, must not wait on them. `budget_s`
+        inf: wait for it. An error the reading met is raised here, on the runner's thread."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._read_whole, name="crashbench-depth", daemon=True)
+            self.thread.start()
+        if budget_s != math.inf and self.thread.is_alive():
+            return None
+        self.wait()
+        if self.error is not None:
+            raise self.error
+        return Reading(self.pending, self.delayed, self.dead_n, self.spent)
+
+    def wait(self) -> None:
+        """Until a reading on its own thread is over (at once when none is)."""
+        if self.thread is not None:
+            self.thread.join()
+
+    def _read_whole(self) -> None:
+        started = time.perf_counter()
+        try:
+            located = self.design.locate(inspector.take(self.raw, self.design.key_patterns()))
+            self.pending = sum(1 for j in located.held if j not in located.delayed and j not in self.inside)
+            self.delayed, self.dead_n = len(located.delayed), len(located.dead)
+        except Exception as error:  # raised again on the runner's thread by step()
+            self.error = error
+        finally:
+            self.spent = time.perf_counter() - started
 
     def _pieces(self) -> Iterator[inspector.StoredKey]:
         """The design's keys a piece at a time; with the run's token, a stream's undelivered entries are
@@ -165,6 +196,8 @@ class Sampler:
         """Go on with the reading in progress (or begin one); `whole`: a fresh one, at once. Once it is
         complete, its sample, dated when it began. Returns the seconds spent reading."""
         if self.reading is None or whole:
+            if self.reading is not None:
+                self.reading[1].wait()  # no reading outlives the one that replaces it
             self.reading = (now, begin())
         began, reader = self.reading
         before = reader.spent
