@@ -50,10 +50,11 @@ class WorkerFaults:
         self.since = 0.0  # the queue's times count from t0 + since (the drain's end, for `later`)
         self.sup, self.ledger, self.clock = sup, ledger, clock
         self.own_worker = own_worker
-        # If no job reaches the victim (the queue ran dry), it is hit anyway after a while, counted
-        # from when it was due and ready; the record then says it was not mid-job.
+        # If no job reaches the victim (the queue ran dry), it is hit anyway after a while (see
+        # _give_up_at); the record then says it was not mid-job.
         self.wait = max(self.MID_JOB_WAIT, 20 * longest_job_s)
-        self.began: float | None = None  # when the first handler start of the run was seen
+        self.starts_seen = 0  # handler starts in the ledgers as last seen, and when they last grew
+        self.last_start: float | None = None
         self.t0 = 0.0
         self.records: list[KillRecord] = []
         self.paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
@@ -95,6 +96,7 @@ class WorkerFaults:
         if now < due or ready is None or victim.name in self.paused:
             return False
         if fault.kill_when == "mid-job" and now < self._give_up_at(max(due, ready), now):
+            self.ledger.poll(victim.name)  # the latest word: a short job may be over by the next tick
             if self.ledger.inside(victim.name) is None or not self._frozen_inside(victim):
                 return True
             self.records.append(self._hit(fault, victim, due))
@@ -106,18 +108,23 @@ class WorkerFaults:
 
     def _give_up_at(self, since: float, now: float) -> float:
         """When a mid-job fault stops waiting for its victim to enter a handler: `wait` after it was
-        due and its victim READY, and after the run's first handler start, since a library's worker
-        may say READY seconds before it consumes anything (its own start-up, on a loaded machine).
-        Before any handler started anywhere: three times as long, so a design that never runs one
-        is still hit."""
-        if self.began is None and len(self.ledger.executions):
-            self.began = now
-        if self.began is None:
+        due and its victim READY, and after the latest handler start seen anywhere in the run. While
+        handlers still start there is work the victim can take (a library's worker may say READY
+        seconds before it consumes, and a loaded machine runs everything late); once none has started
+        for `wait`, the queue ran dry (or is stuck) and the victim is hit anyway. Before any handler
+        started anywhere: three times as long, so a design that never runs one is still hit."""
+        if (n := len(self.ledger.executions)) != self.starts_seen:
+            self.starts_seen, self.last_start = n, now
+        if self.last_start is None:
             return since + 3 * self.wait
-        return max(since, self.began) + self.wait
+        return max(since, self.last_start) + self.wait
 
     def _frozen_inside(self, victim: WorkerProcess) -> bool:
-        """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze)."""
+        """Freeze the victim; keep it frozen only if it is inside a handler (checked after the freeze).
+        The process the ledger says runs the handler is stopped first, before the tree is listed."""
+        inside = self.ledger.inside(victim.name)
+        if inside is not None:
+            self.sup.stop_first(victim, inside.pid)
         if not self.sup.freeze(victim):
             self.sup.thaw(victim)
             return False
