@@ -228,8 +228,9 @@ def test_rq_leaves_a_killed_job_in_its_started_registry_even_with_sighup_ignored
     With SIGHUP ignored (nohup, a CI runner): were the frozen worker killed before its horse, the horse's
     orphaned process group would get SIGHUP and SIGCONT, wake, and finish the job it was meant to die
     in. The tree is killed leaves first, so every kill hits: each leaves exactly its job interrupted."""
-    # 800 jobs: work left for the eighth kill (each waits for its victim's next horse) when loaded.
-    sc = dataclasses.replace(small, jobs=800, job_ms=20, kills=8, interval=0.1, drain_timeout=2)
+    # 500 jobs: work left for the eighth kill (each waits for its victim's next horse) when loaded, and
+    # gone well within the drain's bound (ten 3 s windows after the last kill), so it is not cut off.
+    sc = dataclasses.replace(small, jobs=500, job_ms=20, kills=8, interval=0.1, drain_timeout=3)
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the workers and their horses
     try:
         run = run_designs(sc, ["rq"], Options()).runs[0]
