@@ -6,6 +6,7 @@ job on through the fault and finished it (a mid-job kill with nothing interrupte
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,4 +56,52 @@ def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(
         monkeypatch.undo()
         if child is not None and child.is_running():
             child.kill()
+        sup.stop_all(grace=0.5)
+
+
+def test_the_process_running_the_handler_is_stopped_first_and_no_other(tmp_path: Path) -> None:
+    """A mid-job fault stops the process its victim's ledger names before it lists the tree (a 20 ms job
+    is over by the time a loaded machine lists it): a child of the worker, or the worker itself; any
+    other pid (gone, or reused since the ledger was read) is left alone."""
+
+    def prepare(name: str, slot: int) -> Callable[[], int]:
+        def body() -> int:
+            if os.fork() == 0:
+                (tmp_path / "child").write_text(str(os.getpid()))
+                time.sleep(60)
+                os._exit(0)
+            time.sleep(60)
+            return 0
+
+        return body
+
+    sup = Supervisor(prepare, tmp_path, time.monotonic, tree=True)
+    w = sup.spawn(0)
+    stranger = subprocess.Popen(["sleep", "60"])
+    child = None
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
+            assert time.monotonic() < deadline, "the worker never forked its child"
+            time.sleep(0.005)
+        child = psutil.Process(int((tmp_path / "child").read_text()))
+        sup.stop_first(w, stranger.pid)  # not below the worker
+        sup.stop_first(w, child.pid)
+        deadline = time.monotonic() + 10
+        while child.status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the handler's process was never stopped"
+            time.sleep(0.001)
+        assert psutil.Process(w.pid).status() != psutil.STATUS_STOPPED  # the rest waits for freeze
+        assert psutil.Process(stranger.pid).status() != psutil.STATUS_STOPPED
+        sup.stop_first(w, w.pid)
+        deadline = time.monotonic() + 10
+        while psutil.Process(w.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the worker itself was never stopped"
+            time.sleep(0.001)
+    finally:
+        stranger.kill()
+        stranger.wait()
+        if child is not None and child.is_running():
+            child.kill()
+        sup.thaw(w)
         sup.stop_all(grace=0.5)

@@ -160,3 +160,89 @@ def test_the_depth_of_a_large_backlog_is_counted_not_read(
     assert inspector.stream_counted(raw, stream.encode(), stream) is None
     found = depth.Reader(s, raw, inside, needle).step()  # read whole, as before
     assert found is not None and found.pending == 19 + 3
+
+
+def test_take_reads_in_pipelines_what_each_key_read_on_its_own_holds(
+    client: redis.Redis, valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library keeps a hash (and a result stream) per job: `take` reads small keys in pipelines, not a
+    round trip each, and finds what reading each key on its own finds. A big key, a stream with a group
+    and a key whose type changed since it was listed are read on their own."""
+    monkeypatch.setattr(inspector, "CHUNK", 5)
+    p = "insp:pipe:"
+    for i in range(40):
+        client.hset(f"{p}job:{i}", mapping={"data": f"x{i}", "status": "queued"})
+        client.xadd(f"{p}results:{i}", {"r": str(i)})
+    client.rpush(p + "big", *range(12))  # more than CHUNK: read in chunks
+    client.rpush(p + "small", "a", "b")
+    client.sadd(p + "set", "c")
+    client.zadd(p + "zset", {"d": 1.0, "e": 2.0})
+    client.set(p + "string", "g")
+    client.xgroup_create(p + "grouped", "g", id="0", mkstream=True)
+    client.xadd(p + "grouped", {"id": "j1"})
+    client.rpush(p + "retyped", "h")
+    raw = inspector.raw_client(valkey_url)
+    real_listing, real_read = inspector.listing, inspector._read
+    alone: list[str] = []
+
+    def listing(client, patterns):  # type: ignore[no-untyped-def]
+        # As if p:retyped were a hash when it was listed, and became a list before it was read.
+        return [(n, t, "hash" if t.endswith("retyped") else k) for n, t, k in real_listing(client, patterns)]
+
+    def read(r, name, text, kind):  # type: ignore[no-untyped-def]
+        alone.append(text)
+        return real_read(r, name, text, kind)
+
+    monkeypatch.setattr(inspector, "listing", listing)
+    monkeypatch.setattr(inspector, "_read", read)
+    snap = inspector.take(raw, [p + "*"])
+    assert sorted(alone) == [p + "big", p + "grouped", p + "retyped"]
+    expected = {t: real_read(raw, n, t, k) for n, t, k in real_listing(raw, [p + "*"])}
+    assert list(snap.keys) == list(expected)
+    for text, key in expected.items():
+        got = snap.keys[text]
+        assert (got.type, sorted(got.items), got.fields, got.entries) == (
+            key.type, sorted(key.items), key.fields, key.entries,
+        ), text  # fmt: skip
+        assert (got.first, got.last_generated, got.length, len(got.groups)) == (
+            key.first, key.last_generated, key.length, len(key.groups),
+        ), text  # fmt: skip
+    assert snap.keys[p + "big"].items == [str(i).encode() for i in range(12)]
+    assert snap.keys[p + "retyped"].type == "list" and snap.keys[p + "retyped"].items == [b"h"]
+
+
+class _Whole(ReliableQueue):
+    """A design with a `locate` of its own (as a library's): its depth reading is taken whole."""
+
+    gate = None  # a threading.Event the reading waits on
+    error: Exception | None = None
+
+    def locate(self, snapshot):  # type: ignore[no-untyped-def]
+        assert self.gate is not None and self.gate.wait(30)
+        if self.error is not None:
+            raise self.error
+        return super().locate(snapshot)
+
+
+def test_a_whole_depth_reading_runs_on_its_own_thread_and_its_error_reaches_the_runner(
+    client: redis.Redis, valkey_url: str
+) -> None:
+    """A library's reading (its locate joins keys) cannot be sliced: it runs on a thread of its own, so a
+    slow one never holds the runner's loop, which makes the faults and restarts the workers."""
+    import threading
+
+    q = _Whole(client, "insp:whole:", DesignSettings())
+    client.rpush("insp:whole:pending", *[json.dumps({"id": f"{i:06d}", "payload": ""}) for i in range(3)])
+    raw = inspector.raw_client(valkey_url)
+    q.gate = threading.Event()
+    reader = depth.Reader(q, raw, set())
+    assert reader.step(0.0) is None and reader.step(0.0) is None  # the reading waits on the gate
+    q.gate.set()
+    found = reader.step()  # inf: wait for it
+    assert found is not None and found.pending == 3
+    q.gate, q.error = threading.Event(), redis.ConnectionError("server down")
+    reader = depth.Reader(q, raw, set())
+    assert reader.step(0.0) is None
+    q.gate.set()
+    with pytest.raises(redis.ConnectionError, match="server down"):
+        reader.step()
