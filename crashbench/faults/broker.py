@@ -200,20 +200,29 @@ class Producer:
 
 class ReplicaCut:
     """The replica cut off `lag` seconds before a broker fault is due, and from then on the producer's
-    enqueues marked lagging (what a failover may lose): one schedule for both kinds of broker fault
-    (crashbench.faults.injector on one server, crashbench.faults.cluster on a cluster's shard)."""
+    enqueues marked lagging (what a failover may lose), until the fault's own code says the producer
+    writes to the promoted replica: one schedule for both kinds of broker fault
+    (crashbench.faults.injector on one server, crashbench.faults.cluster on a cluster's shard). The
+    fault comes `lag` after the cut took effect at the earliest: on a loaded machine the cut itself may
+    take longer than the lag, which would leave no time for an enqueue the replica never gets."""
 
-    def __init__(self, cut: Callable[[], None], producer: Producer, lag: float, mark: Callable[[float, str], None]):
-        self.cut, self.producer, self.lag, self.mark = cut, producer, lag, mark
+    def __init__(
+        self, cut: Callable[[], None], producer: Producer, lag: float, mark: Callable[[float, str], None],
+        clock: Callable[[], float],
+    ) -> None:  # fmt: skip
+        self.cut, self.producer, self.lag, self.mark, self.clock = cut, producer, lag, mark, clock
         self.done = not lag
+        self.at: float | None = None  # when the cut took effect
 
-    def step(self, now: float, due: float) -> None:
+    def step(self, now: float, due: float) -> float:
+        """Cut the replica once it is time; when the fault is due (`due`, or `lag` after the cut)."""
         if not self.done and now >= due - self.lag:
             self.cut()
-            self.mark(now, "replica_cut")
-            self.done = True
-        if self.done and self.lag:
+            self.at = self.clock()
+            self.mark(self.at, "replica_cut")
             self.producer.lagging = True
+            self.done = True
+        return due if self.at is None else max(due, self.at + self.lag)
 
 
 def _command(url: str, *args: str | int) -> None:

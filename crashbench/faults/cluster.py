@@ -292,10 +292,15 @@ class ClusterFaults:
         self.held_at_fault: set[str] = set()
         self.held_after_promotion: set[str] = set()
         self.watcher: Watcher | None = None
-        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark)
+        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark, self.clock)
         self._restart_at: float | None = None
         self._heal_at: float | None = None  # a partition: when the cut heals
         self._rejoining = False
+
+    @property
+    def down(self) -> bool:
+        """Struck and not back yet: the server (the shard's primary) answers nothing meanwhile."""
+        return self.record is not None and self.record.back_at is None
 
     @property
     def done(self) -> bool:
@@ -305,8 +310,7 @@ class ClusterFaults:
         )  # fmt: skip
 
     def step(self, now: float) -> None:
-        kind, due = self.fault.kind, self.t0 + self.fault.at
-        self._cut.step(now, due)
+        kind, due = self.fault.kind, self._cut.step(now, self.t0 + self.fault.at)
         if self.record is None and now >= due:
             offset = self.broker.pause_primary()  # a snapshot, as on one server (BrokerFaults)
             self.held_at_fault = held = set(self.locate(None).held)
@@ -318,8 +322,9 @@ class ClusterFaults:
             graceful = kind == "cluster-failover"
             self.watcher = Watcher(self.broker, None if graceful else self.locate, self.clock)
             self.broker.strike(kind)
-            if kind == "cluster-partition":  # what it acknowledges from now on, the promoted replica never gets
-                self.producer.lagging = True
+            # Cut off, the old primary goes on acknowledging what the promoted replica never gets; a
+            # killed one (or one handed over gracefully) acknowledges nothing more.
+            self.producer.lagging = kind == "cluster-partition"
             self.watcher.start()
             self.mark(now, {"cluster-kill": "down", "cluster-partition": "partition"}.get(kind, "failover"))
         if self.watcher is not None and not self.watcher.is_alive():
@@ -348,8 +353,7 @@ class ClusterFaults:
             self.record.promoted_held = len(watcher.held)
         self.mark(watcher.at, "up")
         self.reconnect()  # the runner's client and inspector, on the promoted replica
-        if self.fault.kind == "cluster-partition":
-            self.producer.lagging = False  # its enqueues go to the promoted replica from now on
+        self.producer.lagging = False  # its enqueues go to the promoted replica from now on
         if self.fault.kind == "cluster-kill":
             self._restart_at = watcher.at + self.fault.duration
         elif self.fault.kind == "cluster-partition":

@@ -199,16 +199,20 @@ class BrokerFaults:
         self.record: BrokerFaultRecord | None = None
         self.held_at_fault: set[str] = set()  # the harness's reading when the fault struck
         self.held_after_promotion: set[str] = set()  # read on a cluster only (crashbench.faults.cluster)
-        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark)
+        self._cut = ReplicaCut(self.broker.cut_replica, self.producer, replica_lag, self.mark, self.clock)
         self._back_due: float | None = None
+
+    @property
+    def down(self) -> bool:
+        """Struck and not back yet: the server (the shard's primary) answers nothing meanwhile."""
+        return self.record is not None and self.record.back_at is None
 
     @property
     def done(self) -> bool:
         return self.producer.done and self.record is not None and self._back_due is None
 
     def step(self, now: float) -> None:
-        due = self.t0 + self.fault.at
-        self._cut.step(now, due)
+        due = self._cut.step(now, self.t0 + self.fault.at)
         if self.record is None and now >= due:
             # The harness's own reading of what the server holds as it dies: nothing runs in this
             # loop between this read and the fault, and every client's writes wait meanwhile, so the
@@ -227,6 +231,7 @@ class BrokerFaults:
                 self.broker.failover()
                 self.mark(now, "failover")
                 self.reconnect()
+                self.producer.lagging = False  # its enqueues go to the promoted replica from now on
             else:
                 self.broker.kill()
                 self.mark(now, "down")
