@@ -268,11 +268,15 @@ class CrashRun:
         self._collect_exits()
         now = self.clock()
         self.worker_faults.thaw_due(now)
-        if now >= self._next_recover and self.phase != "starting":
+        # While a broker fault has the server down, neither a recovery pass nor a depth reading: both
+        # would only wait on the dead server (seconds, on a loaded machine), and the producer and the
+        # worker faults, on this same loop, with them.
+        down = self.broker_faults is not None and self.broker_faults.down
+        if now >= self._next_recover and self.phase != "starting" and not down:
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
             self._next_recover = now + self.sc.recover_every
-        if self.sampler.due(now) and self.phase != "starting":
+        if self.sampler.due(now) and self.phase != "starting" and not down:
             self._sample_depth(now)
         if self.lease is not None:
             self.lease.tick(now)  # the keys' safety expiry (crashbench.run.lease)
