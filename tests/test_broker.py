@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import UsageError
+from crashbench.evidence import recount
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
@@ -25,9 +26,10 @@ def backlog(small: Scenario) -> Scenario:
     )
 
 
-def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenario) -> None:
+def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenario, tmp_path: Path) -> None:
     sc = dataclasses.replace(backlog, persistence="aof-always")
-    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    result = run_designs(sc, ["reliable"], Options())
+    run = result.runs[0]
     c, bf = run.counts, run.broker_fault
     assert run.problems == []
     assert bf is not None and bf.kind == "kill" and bf.held_at_fault > 0 and bf.back_at is not None
@@ -36,6 +38,14 @@ def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenar
     assert c.done >= bf.acknowledged_before  # everything acknowledged was done, kill or not
     # The ledger is files, not the server: executions from before the kill are all still counted.
     assert c.executions >= c.done and run.timings.drained
+    # While the server was down the harness's loop (the producer's, the faults') waited on nothing of
+    # it: no recovery pass, no depth reading began; both went on once it was back.
+    _, (tl,) = recount.load(str(result.write(tmp_path)))
+    down, up = (next(m.t for m in tl.marks if m.what == what) for what in ("down", "up"))
+    assert up - down >= sc.downtime
+    assert [m.t for m in tl.marks if m.what == "recover" and down < m.t < up] == []
+    assert [d.t for d in tl.depth if down < d.t < up] == []
+    assert [m.t for m in tl.marks if m.what == "recover" and m.t > up] and [d.t for d in tl.depth if d.t > up]
 
 
 def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlog: Scenario) -> None:
