@@ -118,7 +118,7 @@ class Scenario:
     produce_s: float = 3.0  # a broker fault, a producer network fault or produce = "during": enqueue over this long
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
-    replica_lag: float = 0.0  # failover: the replica stops following the primary this long before it dies
+    replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
     # run
     # Observation window after the last fault, seconds; None: the design's own default
     # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
