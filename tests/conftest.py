@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,21 @@ def no_process_left_behind() -> Iterator[None]:
     _, alive = psutil.wait_procs(new, timeout=3)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes left behind: {[' '.join(p.cmdline()) for p in alive]}"
+
+
+@pytest.fixture(autouse=True)
+def signals_as_they_were() -> Iterator[None]:
+    """A CLI invoked in this process (click's CliRunner) that exits with an error ignores SIGINT from
+    then on (crashbench.cli.common.fail: the exit code is decided); a program exits there, this process
+    goes on, and every process it starts afterwards would inherit the ignored SIGINT. Put back after
+    each test, with the signal mask."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for s, h in handlers.items():
+        if h is not None:
+            signal.signal(s, h)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def started_cluster(primaries: int, replicas: int) -> Iterator[EmbeddedCluster]:

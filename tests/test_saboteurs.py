@@ -117,7 +117,9 @@ def test_requeues_the_design_does_not_report_are_caught(valkey_url: str, small: 
     names exactly the interrupted jobs, each of which ran again."""
     run = run_designs(small, ["designs_saboteur:SilentRequeues"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
-    assert (c.interrupted, c.redelivered, c.redeliveries, c.requeue_events) == (5, 5, 5, 0)
+    # Two kills may hit one job (run again, then interrupted again): redelivered counts jobs.
+    hit = {k.job for k in run.kills}
+    assert (c.interrupted, c.redeliveries, c.requeue_events) == (5, 5, 0) and c.redelivered == len(hit)
     found = checks(run)
     assert set(found) == {"requeue_missed", "requeue_events_below_redeliveries"}
     assert set(found["requeue_missed"]) == {k.job for k in run.kills}

@@ -279,11 +279,14 @@ def test_a_server_lost_mid_run_is_exit_3_without_the_password(tmp_path: Path) ->
             text=True,
             env={**env, URL_ENV: url, "COLUMNS": "200"},
         )
-        # Kill the server once the workers run: every client then meets a refused connection.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(psutil.Process(proc.pid).children()) < 4:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        # Kill the server once the workers run (a worker's processing list holds a job): every client
+        # then meets a refused connection.
+        watcher = redis.Redis(host="127.0.0.1", port=server.port, password=password)
+        deadline = time.monotonic() + 60
+        while not any(watcher.scan_iter(match="*processing*", count=1000)):
+            assert time.monotonic() < deadline and proc.poll() is None, "no worker took a job"
+            time.sleep(0.01)
+        watcher.close()
         server.kill()
         out, err = proc.communicate(timeout=120)
     finally:

@@ -297,6 +297,8 @@ class CrashRun:
                 continue
             self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
             if len(self.exits) > 2 * self.sc.workers:
+                if self.broker_faults is None or not self.broker_faults.down:
+                    self.client.ping()  # workers that died of a lost server: that is the error (exit 3)
                 raise RunAborted(
                     f"{self.spec}: {len(self.exits)} workers exited on their own; the last one "
                     f"({w.name}, {w.describe_exit()}) logged:\n{w.log_tail()}"
