@@ -3,11 +3,15 @@ on executions made by hand: the races of issue 25 item 4, each with a known answ
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import signal
 
 from crashbench.evidence.executions import Execution, Executions
 from crashbench.evidence.kills import caught, recovery_ms, settle
 from crashbench.model.faults import KillRecord
+from crashbench.run.session import Options, run_designs
+from crashbench.scenario import Scenario
 
 
 def kill(signal: str, at: float, claimed: list[str], worker: str = "w0", child: int = 0) -> KillRecord:
@@ -97,3 +101,27 @@ def test_a_mid_job_fault_waits_for_its_victim_while_handlers_still_start_anywher
     assert faults._give_up_at(since=1.0, now=8.0) == 4.0 + 5.0  # no start since 4.0: the wait runs out
     ledger.executions = [object(), object()]
     assert faults._give_up_at(since=1.0, now=8.5) == 8.5 + 5.0  # another start, at 8.5: still work about
+
+
+def test_a_worker_starts_with_the_fault_signals_crashbench_itself_may_ignore_at_their_defaults(
+    small: Scenario,
+) -> None:
+    """Started in the background by a shell without job control (`make test &`, a CI step), crashbench
+    ignores SIGQUIT and SIGINT, and a worker would inherit that: every SIGQUIT fault would be shrugged
+    off. Workers start with the defaults, so each mid-job SIGQUIT kills its victim inside its job."""
+    previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    try:
+        run = run_designs(dataclasses.replace(small, signal="SIGQUIT", kills=3), ["reliable"], Options()).runs[0]
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+    c = run.counts
+    assert run.problems == [] and c.kills == c.kills_mid_job == c.interrupted == 3, run.kills
+    assert c.done == c.enqueued and c.lost == 0
+
+
+def test_the_signals_reset_in_workers_are_every_fault_signal_a_process_can_ignore() -> None:
+    from crashbench.run.supervisor import DEFAULT_IN_WORKERS
+    from crashbench.scenario.settings import FAULT_SIGNALS
+
+    ignorable = {signal.Signals[s] for s in FAULT_SIGNALS} - {signal.SIGKILL, signal.SIGSTOP}
+    assert set(DEFAULT_IN_WORKERS) == (ignorable - {signal.SIGHUP}) | {signal.SIGCHLD}  # SIGHUP: see there

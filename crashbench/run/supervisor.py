@@ -45,6 +45,19 @@ from crashbench.run.reaper import (
 )
 from crashbench.run.zygote import Zygote
 
+# Every signal a fault may send that a process can ignore (crashbench.scenario.settings.FAULT_SIGNALS,
+# bar SIGKILL and SIGSTOP), and SIGCHLD: a worker starts with the defaults, as a deployed one does (a
+# library then installs its own handlers). An ignored signal is inherited across fork and exec, and
+# crashbench itself may run with some ignored: a shell without job control starts a background command
+# (`make test &`, a CI step) with SIGINT and SIGQUIT ignored; a worker that inherited them would shrug
+# off the very faults made on it. SIGHUP alone is left as crashbench got it: under nohup a deployment's
+# workers ignore it too, and the kernel's own SIGHUP to an orphaned process group is part of what a
+# kill does to a library's tree (Supervisor.send kills leaves first for it).
+DEFAULT_IN_WORKERS = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGABRT, signal.SIGSEGV, signal.SIGUSR1,
+    signal.SIGUSR2, signal.SIGCHLD,
+)  # fmt: skip
+
 
 @dataclass(slots=True)
 class WorkerProcess:
@@ -176,7 +189,7 @@ class Supervisor:
         if os.getppid() != self._pid:  # the parent died before the line above took effect
             os._exit(1)
         close_lifelines()  # the watchdog must see its pipe close when crashbench dies
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        for signum in DEFAULT_IN_WORKERS:
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         log_to(log)
