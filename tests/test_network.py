@@ -104,13 +104,16 @@ def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that
 def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_acknowledged_since(
     small: Scenario, tmp_path: Path
 ) -> None:
-    """The replica follows its primary through the proxy; its link goes silent 0.3 s before the primary
+    """The replica follows its primary through the proxy; its link goes silent 0.7 s before the primary
     dies and the replica is promoted. Lost: exactly what the primary acknowledged after the link went
-    silent and no worker ran before the failover (the harness's WAIT made the cut exact)."""
+    silent and no worker ran before the failover (the harness's WAIT made the cut exact). 300 jobs over
+    2 s, more than twice as fast as 2 workers run 30 ms jobs: a backlog builds however late a loaded
+    machine runs the loop, so jobs of the lag still wait at the failover."""
     link = {"kind": "network", "target": "replica", "toxic": "timeout", "at": 0.5}
     sc = dataclasses.replace(
-        small, jobs=300, job_ms=20, kills=0, fault="failover", fault_at=0.8, produce_s=1.2, schedule=(link,)
-    )
+        small, jobs=300, job_ms=30, workers=2, kills=0, fault="failover", fault_at=1.2, produce_s=2.0,
+        schedule=(link,),
+    )  # fmt: skip
     result = run_designs(sc, ["reliable"], Options())
     run = result.runs[0]
     c, (nf,), bf = run.counts, run.network_faults, run.broker_fault
