@@ -81,11 +81,12 @@ def assert_recounts(result: Result, directory: Path) -> None:
 
 @pytest.fixture
 def small() -> Scenario:
-    """The lesson's crash test, shrunk: 5 mid-job SIGKILLs over 0.5 s of a 0.75 s workload."""
+    """The lesson's crash test, shrunk: 5 mid-job SIGKILLs over 0.5 s of a 1.5 s workload (twice the
+    kills' span: on a loaded machine the kills come late, and the queue must not run dry first)."""
     return Scenario(
         name="small",
         jobs=600,
-        job_ms=5,
+        job_ms=10,
         workers=4,
         kills=5,
         interval=0.1,

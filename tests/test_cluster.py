@@ -54,7 +54,7 @@ def cluster() -> Iterator[EmbeddedCluster]:
 def few_jobs(**changes: Any) -> Scenario:
     """A few hundred jobs, three mid-job SIGKILLs (the cluster modules' crash run)."""
     return Scenario(
-        name="few", jobs=300, job_ms=5, workers=4, kills=3, interval=0.1, stale_after=0.3, recover_every=0.05,
+        name="few", jobs=300, job_ms=10, workers=4, kills=3, interval=0.1, stale_after=0.3, recover_every=0.05,
         drain_timeout=15, **changes,
     )  # fmt: skip
 
