@@ -201,7 +201,9 @@ def test_a_real_partition_is_a_reconnect_with_timeouts_and_leaves_nothing_behind
     c, (nf,) = run.counts, run.network_faults
     assert run.problems == [] and nf.toxic == "drop" and nf.slots == [0, 1] and nf.resume_ms is not None
     assert c.lost == c.stranded == c.stuck_workers == c.duplicated_overlapping == 0 and c.done == 200
-    assert c.duplicated == c.requeued  # a job whose ack died in the partition, given back and run again
+    # Given back by the reaper: a job whose ack died in the partition (run again: a duplicate), or one
+    # whose pop's reply died there (never run before: it runs once). Every duplicate is one of them.
+    assert c.duplicated <= c.requeued
     mine = f"cb-{os.getpid()}"
     assert mine not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert mine not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
