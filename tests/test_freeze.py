@@ -17,9 +17,9 @@ import pytest
 from crashbench.run.supervisor import Supervisor
 
 
-def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def forking_worker(tmp_path: Path) -> Callable[[str, int], Callable[[], int]]:
+    """A worker that forks one child (an RQ work horse's stand-in), which writes its pid to `child`."""
+
     def prepare(name: str, slot: int) -> Callable[[], int]:
         def body() -> int:
             if os.fork() == 0:  # the "horse"
@@ -31,15 +31,26 @@ def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(
 
         return body
 
-    sup = Supervisor(prepare, tmp_path, time.monotonic, tree=True)
+    return prepare
+
+
+def forked_child(tmp_path: Path) -> psutil.Process:
+    """The forking worker's child, once it wrote its pid."""
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
+        assert time.monotonic() < deadline, "the worker never forked its child"
+        time.sleep(0.005)
+    return psutil.Process(int((tmp_path / "child").read_text()))
+
+
+def test_a_child_forked_after_the_tree_was_listed_is_frozen_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sup = Supervisor(forking_worker(tmp_path), tmp_path, time.monotonic, tree=True)
     w = sup.spawn(0)
     child = None
     try:
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
-            assert time.monotonic() < deadline, "the worker never forked its child"
-            time.sleep(0.005)
-        child = psutil.Process(int((tmp_path / "child").read_text()))
+        child = forked_child(tmp_path)
         real = sup._family
         calls = []
 
@@ -64,27 +75,12 @@ def test_the_process_running_the_handler_is_stopped_first_and_no_other(tmp_path:
     is over by the time a loaded machine lists it): a child of the worker, or the worker itself; any
     other pid (gone, or reused since the ledger was read) is left alone."""
 
-    def prepare(name: str, slot: int) -> Callable[[], int]:
-        def body() -> int:
-            if os.fork() == 0:
-                (tmp_path / "child").write_text(str(os.getpid()))
-                time.sleep(60)
-                os._exit(0)
-            time.sleep(60)
-            return 0
-
-        return body
-
-    sup = Supervisor(prepare, tmp_path, time.monotonic, tree=True)
+    sup = Supervisor(forking_worker(tmp_path), tmp_path, time.monotonic, tree=True)
     w = sup.spawn(0)
     stranger = subprocess.Popen(["sleep", "60"])
     child = None
     try:
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
-            assert time.monotonic() < deadline, "the worker never forked its child"
-            time.sleep(0.005)
-        child = psutil.Process(int((tmp_path / "child").read_text()))
+        child = forked_child(tmp_path)
         sup.stop_first(w, stranger.pid)  # not below the worker
         sup.stop_first(w, child.pid)
         deadline = time.monotonic() + 10
