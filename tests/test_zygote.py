@@ -186,3 +186,25 @@ def test_a_crash_run_forks_every_worker_from_a_zygote_started_before_its_job_lis
     assert len(seen) == sc.workers + 2  # the replacements too
     for me, *others in seen:  # the watchdog too was forked before the job list (reaper.Watchdog.start)
         assert max(others) < me - BALLAST * 9 // 10
+
+
+def test_a_wall_clock_step_after_spawn_leaves_the_worker_the_runner_s_to_kill_and_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psutil's start time is the boot time plus ticks, and the boot time moves when the clock is
+    stepped (NTP on a CI machine): a worker must not be disowned for it, neither by a fault's signal nor
+    by the stop at the end, or it is left running (the failure: "pid N is no longer w2")."""
+    from psutil import _pslinux
+
+    sup = supervisor(tmp_path)
+    try:
+        killed, kept = sup.spawn(0), sup.spawn(1)
+        running(killed), running(kept)
+        stepped = _pslinux.boot_time() + 1.0
+        monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)
+        sup.send(killed, signal.SIGKILL)
+        assert sup.wait_exit(killed, 5.0) and killed.exit_status is not None
+        assert os.WTERMSIG(killed.exit_status) == signal.SIGKILL
+    finally:
+        sup.stop_all(grace=1.0)
+    assert not kept.alive and not psutil.pid_exists(kept.pid)

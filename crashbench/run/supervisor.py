@@ -65,7 +65,6 @@ class WorkerProcess:
     slot: int
     pid: int
     spawned_at: float
-    create_time: float
     log: Path
     exit_status: int | None = None  # waitpid status once reaped
     exited_at: float | None = None
@@ -148,11 +147,7 @@ class Supervisor:
                 pid = self._fork(log, self.prepare(name, slot), slot)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.NoSuchProcess:  # already exited and is a zombie; still ours until reaped
-            created = 0.0
-        worker = WorkerProcess(name, slot, pid, self.clock(), created, log)
+        worker = WorkerProcess(name, slot, pid, self.clock(), log)
         self.watchdog.watch(pid)  # its session id: the worker calls setsid
         self.workers.append(worker)
         self.slots[slot] = worker
@@ -208,12 +203,12 @@ class Supervisor:
         return gone
 
     def _check_identity(self, w: WorkerProcess) -> None:
+        # A worker is this process's child: until reap() waits for it, its pid (a zombie's at worst)
+        # cannot be given to another process, so "not reaped yet" is its whole identity. (A start time
+        # is no proof: psutil adds the boot time, which moves when the wall clock is stepped, and a
+        # worker compared that way was disowned and left running.)
         if not w.alive:
             raise ProcessLookupError(f"{w.name} (pid {w.pid}) was already reaped")
-        if w.create_time:
-            with contextlib.suppress(psutil.NoSuchProcess):  # a zombie has no start time to compare
-                if psutil.Process(w.pid).create_time() != w.create_time:
-                    raise ProcessLookupError(f"pid {w.pid} is no longer {w.name}")
 
     def _family(self, w: WorkerProcess) -> list[psutil.Process]:
         """The worker, then (with `tree`) every process below it."""
