@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -225,3 +226,43 @@ def test_a_run_stops_the_work_horse_a_worker_killed_alone_left_behind(small: Sce
     assert [(k.target, k.mid_job) for k in run.kills] == [("parent", True)]
     left = [p for p in psutil.Process().children(recursive=True) if p not in before and running(p)]
     assert left == []
+
+
+def test_the_watchdog_kills_what_is_left_when_the_clock_was_stepped_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog kills what started after it in a dead crashbench's sessions; "after" by the boot's
+    clock ticks, never the wall clock: stepped back 10 s (NTP), every leftover looked older than the
+    watchdog and was spared."""
+    from psutil import _pslinux
+
+    from crashbench.run import reaper
+
+    stepped = _pslinux.boot_time() - 10.0
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)  # in the watchdog too: forked after this
+    dog = reaper.Watchdog()
+    dog.start()
+    ready, say_ready = os.pipe()
+    left = os.fork()
+    if left == 0:  # a worker's child that left its process group, still in the worker's session
+        os.setsid()
+        reaper.close_lifelines()  # as a worker does
+        os.write(say_ready, b"r")
+        time.sleep(60)
+        os._exit(0)
+    os.close(say_ready)
+    try:
+        assert os.read(ready, 1) == b"r"  # in its own session now
+        os.close(ready)
+        dog.watch(left)
+        os.close(dog.fd)  # crashbench dies: the pipe closes without a goodbye
+        reaper._lifelines.discard(dog.fd)
+        dog.fd = -1
+        deadline = time.monotonic() + 10
+        while (reaped := os.waitpid(left, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "the watchdog spared the process left behind"
+            time.sleep(0.005)
+        assert os.WIFSIGNALED(reaped[1]) and os.WTERMSIG(reaped[1]) == signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(left, signal.SIGKILL)
+            os.waitpid(left, 0)
+        os.waitpid(dog.pid, 0)

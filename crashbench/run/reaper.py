@@ -29,6 +29,20 @@ _subreaper = False  # whether this process is a child subreaper (set once, for t
 _lifelines: set[int] = set()  # write ends of this process's watchdog pipes: no child may hold one
 
 
+def started_at(pid: int) -> float:
+    """When `pid` started, for telling apart processes: on Linux its start in clock ticks since boot
+    (/proc/PID/stat), which no change of the wall clock moves (psutil's create_time adds the boot time,
+    and that moves when the clock is stepped); elsewhere psutil's create_time. Raises psutil.Error, or
+    OSError, when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ppid ... starttime(22nd) ..."
+            return float(f.read().rsplit(b")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError):
+        if sys.platform.startswith("linux"):
+            raise psutil.NoSuchProcess(pid) from None
+        return float(psutil.Process(pid).create_time())
+
+
 def _prctl(option: int, arg: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
@@ -169,7 +183,7 @@ def close_lifelines() -> None:
 def _guard(lifeline: int) -> None:
     """The watchdog's body: in its own session (a terminal's Ctrl-C is crashbench's to handle), with
     no file of crashbench's open (a caller reading crashbench's output must see it end)."""
-    started = time.time()
+    started = started_at(os.getpid())
     os.setsid()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
@@ -191,7 +205,7 @@ def _guard(lifeline: int) -> None:
         left = []
         for p in in_sessions(sids, everywhere=True):
             with contextlib.suppress(psutil.Error):
-                if p.create_time() >= started - 1 and p.status() != psutil.STATUS_ZOMBIE:
+                if started_at(p.pid) >= started and p.status() != psutil.STATUS_ZOMBIE:
                     left.append(p)
                     p.kill()
         if not left:
