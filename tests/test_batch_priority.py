@@ -274,6 +274,7 @@ def test_priority_recovery_returns_each_job_to_the_list_of_its_priority(client: 
 # -- crash runs with real workers --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("design", ["reliable-batch", "stream-batch"])
 def test_batch_designs_lose_nothing_under_mid_job_kills(server_url: str, small: Scenario, design: str) -> None:
     run = run_designs(small, [design], Options(redis_url=server_url)).runs[0]
@@ -296,6 +297,7 @@ def test_batch_designs_lose_nothing_under_mid_job_kills(server_url: str, small: 
     assert c.requeued >= len({k.job for k in run.kills})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("design", ["reliable-batch", "stream-batch"])
 def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
     sc = dataclasses.replace(small, kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
@@ -306,6 +308,7 @@ def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str,
     assert (c.lost, c.duplicated, c.extra_executions, c.requeued, c.interrupted) == (0, 0, 0, 0, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("design", ["priority", "test_batch_priority:LastJobsHigh"])
 def test_priority_loses_nothing_under_mid_job_kills(server_url: str, small: Scenario, design: str) -> None:
     run = run_designs(small, [design], Options(redis_url=server_url)).runs[0]

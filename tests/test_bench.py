@@ -63,6 +63,7 @@ def test_restart_and_memory_figures_are_measured(server: ServerInfo) -> None:
     assert 0 < mem["list"].bytes_per_job < mem["stream"].bytes_per_job
 
 
+@pytest.mark.slow
 def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) -> None:
     from tests.test_cli import assert_clean_error, crashbench, crashbench_here
 

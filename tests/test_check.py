@@ -61,6 +61,7 @@ def test_repeat_keeps_every_run_with_its_seed_and_schedule_and_shows_the_spread(
     ]
 
 
+@pytest.mark.slow
 def test_results_lists_and_show_renders_a_saved_result(store: Path, tmp_path: Path) -> None:
     rid = saved(store)["id"]
     cp = crashbench_here("results", "--dir", str(store), "--design", "reliable", tmp_path=tmp_path)
@@ -145,6 +146,7 @@ def test_exports_junit_markdown_csv_and_the_github_step_summary(store: Path, tmp
     ]
 
 
+@pytest.mark.slow
 def test_replay_reproduces_a_stored_run_s_fault_schedule(store: Path, tmp_path: Path) -> None:
     data = saved(store)
     cp = crashbench("replay", data["id"], "--run", "2", "--dir", str(store), "--out", str(tmp_path), tmp_path=tmp_path)

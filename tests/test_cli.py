@@ -114,6 +114,7 @@ def test_run_json_is_the_typed_result_with_schema_and_environment(tmp_path: Path
     assert data["status"] == "pass" and data["id"].endswith(data["runs"][0]["prefix"].split(":")[1].strip("{}"))
 
 
+@pytest.mark.slow
 def test_results_go_to_results_dir_by_default_and_table_is_printed(tmp_path: Path) -> None:
     # No --out: the result lands in ./results of the directory crashbench runs in.
     cp = crashbench("compare", "--designs", "naive,reliable", "--kills", "1", *SMALL, tmp_path=tmp_path, cwd=tmp_path)
@@ -233,6 +234,7 @@ def test_readme_documents_every_exit_code() -> None:
         assert f"| {code.value} | `{code.name}` |" in readme
 
 
+@pytest.mark.slow
 def test_sweep_runs_one_design_per_value_and_labels_the_columns(tmp_path: Path) -> None:
     cp = crashbench(
         "sweep", "-d", "reliable", "-p", "kills=0,2", *SMALL, "--json", "--out", str(tmp_path), tmp_path=tmp_path

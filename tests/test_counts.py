@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from crashbench.designs import DesignSettings, Located, QueueState
 from crashbench.designs.located import carry
 from crashbench.evidence import recount
@@ -196,6 +198,7 @@ def test_library_disagrees_names_failures_of_completed_jobs_and_successes_never_
     assert agreeing.library_disagrees == 0
 
 
+@pytest.mark.slow
 def test_every_saved_result_with_a_timeline_recounts_to_what_the_code_of_its_day_saved() -> None:
     """The README's result files were counted by the code of their day (before the counts moved to
     columns and job codes): counting their timelines again today gives every count, timing and id,

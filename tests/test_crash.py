@@ -50,6 +50,7 @@ def test_naive_loses_exactly_one_job_per_mid_job_kill(server_url: str, small: Sc
     assert set(run.jobs["lost"]) == {k.job for k in run.kills}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("design", ["naive", "reliable", "stream"])
 def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
     sc = dataclasses.replace(small, kills=0)
@@ -79,6 +80,7 @@ def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, sm
     assert run.counts.done == 600
 
 
+@pytest.mark.slow
 def test_kills_timed_from_the_drain_hit_idle_workers_after_it(valkey_url: str, small: Scenario) -> None:
     """after = "drained": the entry's kills wait for the queue to drain, then hit idle workers, each
     replacement's READY measured (the last one too); the mid-job kills from the start are as before."""
@@ -137,6 +139,7 @@ def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_ur
     assert sorted(run.duplicates) == [f"{i:06d}" for i in range(5, 100, 10)]
 
 
+@pytest.mark.slow
 def test_user_design_from_examples_survives_kills(valkey_url: str, small: Scenario) -> None:
     run = run_designs(small, ["examples.visibility_queue:VisibilityTimeoutQueue"], Options(redis_url=valkey_url)).runs[
         0

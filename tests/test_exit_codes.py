@@ -144,6 +144,7 @@ def test_server_unavailable_exits_3(tmp_path: Path) -> None:
     assert_clean_error(cp, 3, "cannot reach")
 
 
+@pytest.mark.slow
 def test_a_design_that_raises_exits_5_and_keeps_its_marked_work_directory(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(ROOT / "tests")}
     cp = crashbench("run", "-d", "designs_saboteur:StateRaises", *SMALL, "--kills", "1", "--out", str(tmp_path),
@@ -200,6 +201,7 @@ def _interrupt(args: list[str], at_least: int, signals: int, settle: float, tmp_
     return took, stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_jobs_are_enqueued_exits_130_at_once(tmp_path: Path) -> None:
     # 2M jobs take over 10 s to enqueue; the server is the one child while they are.
     took, stderr = _interrupt(["run", "-d", "naive", "--jobs", "2000000", "--kills", "0"], 1, 1, 1.5, tmp_path)
@@ -212,6 +214,7 @@ def test_a_second_ctrl_c_exits_130_not_click_s_exit_1(tmp_path: Path) -> None:
     _interrupt(args, 5, 2, 0.3, tmp_path)  # server + 4 workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals", [2])  # one SIGINT / SIGTERM: tests/test_hygiene.py
 def test_ctrl_c_in_bench_exits_130(signals: int, tmp_path: Path) -> None:
     # 50,000 jobs: enqueued in under 1 s; two reliable workers take over 10 s on them (~4,400 jobs/s)

@@ -23,6 +23,7 @@ def problems(run) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {p.check: p.message for p in run.problems}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "design, check, place",
     [
@@ -49,6 +50,7 @@ def test_a_job_put_where_the_design_does_not_look_is_stranded_there_and_named(
     assert place in found[check] or check == "job_of_disagrees", found[check]  # the problem names the key
 
 
+@pytest.mark.slow
 def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_named(
     small: Scenario, tmp_path: Path
 ) -> None:

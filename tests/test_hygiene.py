@@ -112,6 +112,7 @@ def wait_until_gone(tag: str, seen: set[psutil.Process], timeout: float = 5.0) -
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_crashbench_stops_every_process_and_exits_130(sig: int, tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
@@ -183,6 +184,7 @@ def test_a_server_wrapper_that_does_not_exec_leaves_no_server(tmp_path: Path) ->
     assert not any(running(p) for p in real)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
     sig: int, tmp_path: Path, valkey_url: str

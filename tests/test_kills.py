@@ -7,6 +7,8 @@ import dataclasses
 import math
 import signal
 
+import pytest
+
 from crashbench.evidence.executions import Execution, Executions
 from crashbench.evidence.kills import caught, recovery_ms, settle
 from crashbench.model.faults import KillRecord
@@ -103,6 +105,7 @@ def test_a_mid_job_fault_waits_for_its_victim_while_handlers_still_start_anywher
     assert faults._give_up_at(since=1.0, now=8.5) == 8.5 + 5.0  # another start, at 8.5: still work about
 
 
+@pytest.mark.slow
 def test_a_worker_starts_with_the_fault_signals_crashbench_itself_may_ignore_at_their_defaults(
     small: Scenario,
 ) -> None:

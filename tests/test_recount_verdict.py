@@ -128,6 +128,7 @@ CASES: list[tuple[str, str, Edit, str]] = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "which", "edit", "line"), CASES, ids=[c[0] for c in CASES])
 def test_an_edited_verdict_is_not_reproduced_and_no_command_passes_it(
     name: str, which: str, edit: Edit, line: str, request: pytest.FixtureRequest

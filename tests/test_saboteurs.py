@@ -104,6 +104,7 @@ def test_requeues_without_requeue_events_are_caught(valkey_url: str, small: Scen
     assert checks(run) == {"requeue_events_below": ids, "requeue_unfounded": ids}
 
 
+@pytest.mark.slow
 def test_requeue_events_the_ledger_cannot_account_for_are_caught(valkey_url: str, small: Scenario) -> None:
     # 1,200 jobs: work left for the fifth mid-job kill however late a loaded machine runs it.
     sc = small.with_overrides(jobs=1200)
@@ -150,6 +151,7 @@ def test_a_design_that_raises_is_an_unexpected_error_with_its_workdir_kept(valke
     shutil.rmtree(kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kills", [0, 5])
 def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
     valkey_url: str, small: Scenario, kills: int

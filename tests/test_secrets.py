@@ -224,6 +224,7 @@ def test_redis_url_is_also_read_from_redis_url_and_the_run_names_the_server_and_
     assert secured.password not in out.read_text() + cp.stdout + cp.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("what", "url", "fragment"),
     [

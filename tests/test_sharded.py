@@ -55,6 +55,7 @@ def _slot(client: object, key: str) -> int:
     return int(client.cluster("keyslot", key))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_sharded_survives_mid_job_sigkills_on_one_server(valkey_url: str, few: Scenario) -> None:
     # Poison jobs too: their retries wait in each shard's delayed set, then go to its dead letters.
     client = connect.connect(valkey_url)
@@ -65,6 +66,7 @@ def test_sharded_survives_mid_job_sigkills_on_one_server(valkey_url: str, few: S
     client.close()
 
 
+@pytest.mark.slow
 def test_sharded_on_a_cluster_spreads_over_primaries_with_exact_counts_and_clean_finds_it(
     cluster: EmbeddedCluster, few: Scenario
 ) -> None:
@@ -133,6 +135,7 @@ def test_a_cluster_session_removes_a_sharded_namespace_from_every_primary(
     assert crashbench_keys(cluster.url) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [3, 6])
 def test_shards_go_round_the_primaries_each_in_a_slot_of_its_own(cluster: EmbeddedCluster, count: int) -> None:
     prefix = f"crashbench:{{{uuid.uuid4().hex[:8]}}}:0-sharded:"
@@ -178,6 +181,7 @@ def test_a_worker_takes_from_its_home_shard_first_then_steals(valkey_url: str) -
     client.close()
 
 
+@pytest.mark.slow
 def test_bench_measures_the_sharded_design_on_a_cluster_with_every_primary_counted(cluster: EmbeddedCluster) -> None:
     # reliable too: its scripts need every key of a measurement in one slot (the bench prefix's hash tag).
     settings = BenchSettings(("sharded", "reliable"), (2,), 300, repeat=1, latency_jobs=30, restarts=1, memory_jobs=500)
