@@ -20,7 +20,8 @@ from pathlib import Path
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, load_design
+from crashbench.designs import Design, load_design
+from crashbench.model.queue import DesignSettings
 from crashbench.report.results import DesignRun, Result
 from crashbench.run.server import EmbeddedServer, describe, find_server_binary
 from crashbench.run.workload import job_ids, jobs_for

@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 import pytest
 import redis
 
-from crashbench.designs import DesignSettings, Job
 from crashbench.designs.priority import Priority, PriorityQueue, priority_of
 from crashbench.designs.reliable_batch import ReliableBatchQueue
 from crashbench.designs.stream_batch import StreamBatchQueue
 from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.report.results import DesignRun
 from crashbench.run.lease import namespace
 from crashbench.run.server import cleanup_keys

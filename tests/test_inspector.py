@@ -8,11 +8,11 @@ import pytest
 import redis
 
 from crashbench import jobids
-from crashbench.designs import DesignSettings, Job
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.designs.stream import StreamQueue
 from crashbench.evidence import depth, inspector
 from crashbench.evidence.search import Needle
+from crashbench.model.queue import DesignSettings, Job
 
 
 def test_every_key_type_is_read_and_only_the_run_s_keys(client: redis.Redis, valkey_url: str) -> None:

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from crashbench.designs import Design, DesignSettings, Job, Located, load_design, safe_name
+from crashbench.designs import Design, load_design, safe_name
 from crashbench.evidence import inspector
 from crashbench.evidence.checks import Evidence, check
+from crashbench.model.queue import DesignSettings, Job, Located
 from tests.test_libraries import installed
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).

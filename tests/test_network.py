@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from crashbench import faults
-from crashbench.designs import Job
 from crashbench.errors import UsageError
 from crashbench.faults import netns
 from crashbench.faults.broker import Through
 from crashbench.faults.proxyctl import ProxyProcess, proxy_for
+from crashbench.model.queue import Job
 from crashbench.report import html
 from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario

@@ -13,8 +13,9 @@ import tempfile
 import pytest
 import redis
 
-from crashbench.designs import DesignSettings, Job, library_settings, load_design
-from crashbench.evidence.inspector import Snapshot, StoredKey
+from crashbench.designs import library_settings, load_design
+from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.stored import Snapshot, StoredKey
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.test_worker_python import arq_python

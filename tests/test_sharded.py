@@ -17,9 +17,9 @@ from redis.crc import key_slot
 
 from crashbench.bench import BenchSettings, run_bench
 from crashbench.cli import cli
-from crashbench.designs import DesignSettings, Job
 from crashbench.designs.sharded import ShardedQueue
 from crashbench.evidence import inspector
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.run import connect, lease
 from crashbench.run.cluster import EmbeddedCluster
 from crashbench.run.server import cleanup_keys

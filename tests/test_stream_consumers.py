@@ -19,11 +19,10 @@ from designs_consumers import StreamKeepsConsumers
 from rich.console import Console
 
 from crashbench import scenario
-from crashbench.designs import DesignSettings, Job
-from crashbench.designs.kinds import SLOT_ENV
 from crashbench.designs.stream import StreamQueue
 from crashbench.designs.stream_reuse import StreamReuseQueue
 from crashbench.evidence import inspector, recount
+from crashbench.model.queue import SLOT_ENV, DesignSettings, Job
 from crashbench.report.render import result_table
 from crashbench.report.results import DesignRun, Result, group
 from crashbench.run.session import Options, run_designs

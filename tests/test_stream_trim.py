@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from crashbench.designs import DesignSettings, Job, Located, StreamEnd
 from crashbench.designs.stream import GROUP, StreamQueue
 from crashbench.evidence import trim
 from crashbench.evidence.executions import Execution
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Timeline
 from crashbench.jobids import JobIds
 from crashbench.model.faults import BrokerFaultRecord
+from crashbench.model.queue import DesignSettings, Job, Located, StreamEnd
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
@@ -162,8 +162,8 @@ def test_the_readme_trimming_tables_are_what_their_result_files_give() -> None:
 
 
 def test_an_enqueue_that_returns_anything_but_one_receipt_per_job_is_refused() -> None:
-    from crashbench.designs import receipts
     from crashbench.errors import RunAborted
+    from crashbench.model.queue import receipts
 
     assert receipts(None, ["a", "b"], "d") is None
     assert receipts(["1-0", "2-0"], ["a", "b"], "d") == ("1-0", "2-0")

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import redis
 
-from crashbench.designs import DesignSettings, Job, load_design
+from crashbench.designs import load_design
 from crashbench.evidence import inspector
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import Scenario
 from tests.test_libraries import installed

@@ -41,9 +41,10 @@ from crashbench.bench import proxy
 from crashbench.bench.figures import children_cpu, commandstats, cpu, delta, quantile
 from crashbench.bench.memory import memory
 from crashbench.bench.results import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
-from crashbench.designs import Design, DesignSettings, Job, load_design, safe_name
+from crashbench.designs import Design, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.evidence.ledger import Ledger
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.report.results import environment, new_id, now_iso
 from crashbench.run import connect, workdirs
 from crashbench.run.provision import open_server

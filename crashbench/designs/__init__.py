@@ -26,20 +26,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
-from crashbench.designs.kinds import OBSERVE_DEFAULT
-from crashbench.designs.kinds import DesignSettings as DesignSettings
-from crashbench.designs.kinds import EnqueueUnconfirmed as EnqueueUnconfirmed
-from crashbench.designs.kinds import Job as Job
-from crashbench.designs.kinds import QueueState as QueueState
-from crashbench.designs.kinds import Receipts as Receipts
-from crashbench.designs.kinds import observe_for as observe_for
-from crashbench.designs.kinds import receipts as receipts
-from crashbench.designs.located import Entry as Entry  # re-exported: designs import it from here
-from crashbench.designs.located import Located as Located
-from crashbench.designs.located import StreamEnd as StreamEnd
-from crashbench.designs.located import key_entries, matches
 from crashbench.errors import UsageError
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.queue import OBSERVE_DEFAULT, key_entries, matches
+from crashbench.model.queue import DesignSettings as DesignSettings
+from crashbench.model.queue import EnqueueUnconfirmed as EnqueueUnconfirmed
+from crashbench.model.queue import Entry as Entry  # re-exported: designs import it from here
+from crashbench.model.queue import Job as Job
+from crashbench.model.queue import Located as Located
+from crashbench.model.queue import QueueState as QueueState
+from crashbench.model.queue import Receipts as Receipts
+from crashbench.model.queue import StreamEnd as StreamEnd
+from crashbench.model.queue import observe_for as observe_for
+from crashbench.model.queue import receipts as receipts
+from crashbench.model.stored import Snapshot as Snapshot
 
 if TYPE_CHECKING:
     import redis

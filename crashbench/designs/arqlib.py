@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 FUNCTION = "crashbench_handle"

@@ -41,7 +41,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 QUEUE = "jobs"

@@ -44,7 +44,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 QUEUE = "jobs"

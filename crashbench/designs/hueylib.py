@@ -24,7 +24,7 @@ import redis
 from huey import RedisHuey
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 

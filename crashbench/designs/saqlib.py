@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 FUNCTION = "crashbench_handle"

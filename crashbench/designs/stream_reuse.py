@@ -32,8 +32,8 @@ import os
 import redis
 
 from crashbench.designs import DesignSettings, Job
-from crashbench.designs.kinds import SLOT_ENV
 from crashbench.designs.stream import GROUP, REDELIVER, StreamQueue
+from crashbench.model.queue import SLOT_ENV
 
 # KEYS: stream, dead, requeued, stats
 # ARGV: group, consumer, max_attempts

@@ -64,7 +64,7 @@ from taskiq.receiver import Receiver
 from taskiq_redis import ListQueueBroker, ListQueueClusterBroker, RedisStreamBroker, RedisStreamClusterBroker
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
-from crashbench.evidence.inspector import Snapshot
+from crashbench.model.stored import Snapshot
 from crashbench.run.task import handle
 
 TASK = "crashbench_handle"

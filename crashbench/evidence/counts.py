@@ -18,9 +18,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from crashbench import jobids
-from crashbench.designs import DesignSettings, Located, QueueState
 from crashbench.evidence.executions import FAILED, Execution, Executions
 from crashbench.jobids import JobIds
+from crashbench.model.queue import DesignSettings, Located, QueueState
 from crashbench.run.workload import Workload
 
 

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import redis
 
 from crashbench import jobids
-from crashbench.designs import Design, matches
+from crashbench.designs import Design
 from crashbench.evidence import inspector
 from crashbench.evidence.search import Needle
 from crashbench.evidence.timeline import Depth, rel
+from crashbench.model.queue import matches
 
 
 @dataclass(frozen=True, slots=True)

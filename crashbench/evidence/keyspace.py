@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 
 import redis
 
-from crashbench.designs import Design, Located, matches
+from crashbench.designs import Design
 from crashbench.evidence.counts import Problem
-from crashbench.evidence.inspector import Snapshot, StoredKey, key_pieces, types
+from crashbench.evidence.inspector import key_pieces, types
 from crashbench.evidence.search import Needle
+from crashbench.model.queue import Located, matches
+from crashbench.model.stored import Snapshot, StoredKey
 from crashbench.run.connect import is_cluster, primaries, spread_pattern
 from crashbench.run.lease import alive_key, namespace
 

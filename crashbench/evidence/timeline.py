@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from crashbench import files
-from crashbench.designs import Located, QueueState, Receipts, StreamEnd
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.ledger import LedgerProblem
 from crashbench.jobids import JobIds
 from crashbench.model.faults import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
+from crashbench.model.queue import Located, QueueState, Receipts, StreamEnd
+from crashbench.model.stored import Consumer
 
 SCHEMA = "crashbench.timeline"
 SCHEMA_VERSION = 1

@@ -6,7 +6,7 @@ is three records, none of them the design's account of itself:
 
 - the entry id XADD answered for each job, returned by the design's enqueue and kept in the
   timeline's enqueue events (`Enqueue.entries`);
-- the harness's own reading of the stream at the end (crashbench.designs.located.StreamEnd): an entry
+- the harness's own reading of the stream at the end (crashbench.model.queue.StreamEnd): an entry
   id below its first entry was removed from its head, which only trimming (or XDEL) does; and its
   pending entries whose data is gone;
 - the ledgers: a job some worker started was delivered, and one that never completed was never

@@ -27,8 +27,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, Receipts, receipts
+from crashbench.designs import Design
 from crashbench.errors import ServerUnavailable
+from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job, Receipts, receipts
 from crashbench.run import workdirs
 from crashbench.run.server import EmbeddedServer, find_server_binary
 from crashbench.run.worker import DOWN

@@ -43,12 +43,12 @@ from pathlib import Path
 
 import redis
 
-from crashbench.designs import Located
 from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
 from crashbench.faults import CLUSTER_KINDS
 from crashbench.faults.broker import Producer, ReplicaCut
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault
+from crashbench.model.queue import Located
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
 

@@ -2,5 +2,7 @@
 
 Every other package may import these; they import nothing of crashbench above them, nor redis,
 psutil, click or rich (tests/test_layers.py holds both). Moving here, one record family at a time
-(issue 27): `faults`, the worker, broker and network faults as executed.
+(issue 27): `faults`, the worker, broker and network faults as executed; `queue`, what a design takes
+and gives (Job, DesignSettings, QueueState, Located); `stored`, the harness's own reading of Redis
+(StoredKey, Snapshot, Consumer).
 """

@@ -23,13 +23,13 @@ from typing import Any
 from crashbench import __version__, files
 from crashbench.evidence import timeline
 from crashbench.evidence.counts import Counts, Problem, TotalQueue
-from crashbench.evidence.inspector import Consumer
 from crashbench.evidence.timeline import Timeline
 from crashbench.model.faults import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.model.faults import Fault as Fault
 from crashbench.model.faults import KillRecord as KillRecord
 from crashbench.model.faults import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.model.faults import WorkerExit as WorkerExit
+from crashbench.model.stored import Consumer
 from crashbench.run import connect
 from crashbench.run.server import ServerInfo
 

@@ -3,7 +3,7 @@ the workers still up and the queue as the run left it, and once after they are s
 design's recovery has run. Stopping a library's worker can itself take a job out of every list (saq's
 stop cancels its sweep in the sweep's 5 s wait, leaving the job "aborting" nowhere): a job held before
 the stop and found nowhere after, and never completed, counts where it was held before
-(crashbench.designs.located.carry). The harness never causes what it counts.
+(crashbench.model.queue.carry). The harness never causes what it counts.
 
 Each reading is the design's own (`locate` over its declared keys), corrected by the harness's search
 of everything in scope for the run's token (crashbench.evidence.keyspace)."""
@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import redis
 
-from crashbench.designs import Design, Located
+from crashbench.designs import Design
 from crashbench.evidence import inspector, keyspace
 from crashbench.evidence.counts import Problem
 from crashbench.evidence.search import Needle
+from crashbench.model.queue import Located
 
 
 @dataclass(slots=True)

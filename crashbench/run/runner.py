@@ -22,8 +22,7 @@ from typing import TypeVar
 import redis
 
 from crashbench import jobids
-from crashbench.designs import Design, Located, Receipts, library_settings, load_design, receipts, safe_name
-from crashbench.designs.located import carry
+from crashbench.designs import Design, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, inspector, keyspace, tally
 from crashbench.evidence.ledger import Ledger
@@ -34,6 +33,7 @@ from crashbench.faults.broker import Broker, Producer, Through
 from crashbench.faults.cluster import ClusterBroker, ClusterFaults
 from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
 from crashbench.jobids import JobIds
+from crashbench.model.queue import Located, Receipts, carry, receipts
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import connect, lease, reading, workdirs
 from crashbench.run.drain import WATCH_S, drain, watch

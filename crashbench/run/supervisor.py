@@ -33,7 +33,7 @@ from typing import NoReturn
 
 import psutil
 
-from crashbench.designs.kinds import SLOT_ENV
+from crashbench.model.queue import SLOT_ENV
 from crashbench.run.reaper import (
     STOPS,
     Watchdog,

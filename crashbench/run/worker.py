@@ -28,8 +28,9 @@ from types import FrameType
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, Job, LibraryDesign, load_design
+from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.evidence.ledger import LedgerWriter
+from crashbench.model.queue import DesignSettings, Job
 from crashbench.run import connect
 from crashbench.run.interpreter import URL_ENV
 from crashbench.run.redact import redact_url, secrets_of

@@ -16,8 +16,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crashbench.designs.kinds import Job
 from crashbench.jobids import JobIds, plain, wire
+from crashbench.model.queue import Job
 
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 PARETO_ALPHA = 1.16

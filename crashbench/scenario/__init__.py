@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashbench import faults
-from crashbench.designs import DesignSettings
 from crashbench.errors import ScenarioError
+from crashbench.model.queue import DesignSettings
 from crashbench.run.workload import Workload, job_ids
 from crashbench.scenario import thresholds
 from crashbench.scenario.files import available as available
