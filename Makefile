@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
+.PHONY: compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,9 @@ test: $(STAMP) $(ARQ_STAMP) system-deps  ## the test suite (starts its own serve
 test-fast: $(STAMP) $(ARQ_STAMP)  ## the tests not marked slow, for the edit loop (under a minute)
 	CRASHBENCH_ARQ_PYTHON=$(ARQ_PY) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
+reference: $(STAMP)  ## docs/reference.md from the code (tests/test_docs.py fails when it is stale)
+	$(BIN)/python -m crashbench.cli.reference docs/reference.md
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -63,7 +66,7 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 	  $(BIN)/crashbench check --scenario $$s --plain $$wp --out results/scenarios; \
 	  $(BIN)/crashbench recount latest --dir results/scenarios; done
 
-# The README's scale table: crash runs of 2,000 / 100,000 / 1,000,000 jobs, 3 rounds, then one of
+# docs/findings/benchmarks.md's scale table: crash runs of 2,000 / 100,000 / 1,000,000 jobs, 3 rounds, then one of
 # 10,000,000 (25 to 45 minutes in all, with the load); figures in results/readme/scale/scale.json,
 # runs in results/scale.
 bench-scale: $(STAMP)  ## the scale table: crashbench's own peak RSS, restart, counting, from 2,000 to 10,000,000 jobs
@@ -73,12 +76,12 @@ bench-scale: $(STAMP)  ## the scale table: crashbench's own peak RSS, restart, c
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python bench/saboteurs.py results/readme/saboteurs
 
-# The README's library table: every adapter on the default scenario, 2 seeds each, one result file per
+# docs/findings/libraries.md's table: every adapter on the default scenario, 2 seeds each, one result file per
 # design in results/readme/libraries (about an hour: the as-installed configurations wait out 300 s
 # windows), and its throughput without kills (3 runs each) in results/readme/libraries-throughput.
 LIBRARIES := rq rq:reliable celery celery:acks-late dramatiq dramatiq:reliable huey taskiq taskiq:stream taskiq:reliable
 WP_LIBRARIES := arq arq:reliable saq saq:reliable
-libraries: $(STAMP) $(ARQ_STAMP)  ## the README's library table (default scenario, 2 seeds, shipped concurrency)
+libraries: $(STAMP) $(ARQ_STAMP)  ## docs/findings/libraries.md's table (default scenario, 2 seeds, shipped concurrency)
 	set -e; for d in $(LIBRARIES); do \
 	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries; \
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput; done
@@ -97,12 +100,12 @@ libraries-cluster: $(STAMP) $(ARQ_STAMP)  ## the library table's cluster column 
 	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
 	  results/readme/libraries-cluster
 
-# The README's network table: each network scenario on the built-in designs, and on the library adapters
+# docs/findings/network.md's table: each network scenario on the built-in designs, and on the library adapters
 # with one handler per worker (so that the work outlasts the fault) and a 30 s window after it (about
 # 15 minutes); the table from the result files in results/readme/network.
 NET_SCENARIOS := net-half-open net-half-open-no-timeouts net-reset-storm net-latency net-stall net-producer-cut
 NET_LIBRARIES := rq,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable
-network: $(STAMP)  ## the README's network table (network scenarios, built-in designs and libraries)
+network: $(STAMP)  ## docs/findings/network.md's table (network scenarios, built-in designs and libraries)
 	rm -rf results/readme/network
 	for s in $(NET_SCENARIOS); do \
 	  $(BIN)/crashbench compare -s scenarios/$$s.toml --plain --out results/readme/network; \
@@ -112,11 +115,11 @@ network: $(STAMP)  ## the README's network table (network scenarios, built-in de
 	  --out results/readme/network
 	$(BIN)/python bench/network_table.py results/readme/network
 
-# The README's stream-trimming tables (about 2 minutes): stream_maxlen swept against a 2,000-job backlog
+# docs/findings/stream-trimming.md's tables (about 2 minutes): stream_maxlen swept against a 2,000-job backlog
 # enqueued before the workers start, exact and approximate; scenarios/stream-trim.toml (produced during
 # the run, two mid-job kills) for seeds 1-3; the memory each design keeps after every ack.
 TRIM_BOUNDS := stream_maxlen=0,4000,2000,1000,250
-stream-trim: $(STAMP)  ## the README's stream-trimming tables (bounds vs backlog, pending entries trimmed, memory)
+stream-trim: $(STAMP)  ## docs/findings/stream-trimming.md's tables (bounds vs backlog, pending entries trimmed, memory)
 	rm -rf results/readme/stream-trim
 	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --plain \
 	  --out results/readme/stream-trim/exact.json
@@ -126,20 +129,20 @@ stream-trim: $(STAMP)  ## the README's stream-trimming tables (bounds vs backlog
 	$(BIN)/python bench/stream_trim.py memory results/readme/stream-trim/memory.json
 	$(BIN)/python bench/stream_trim.py table results/readme/stream-trim
 
-# The README's cluster failover table: each cluster-fault scenario 3 times (seeds 1-3) on a private
+# docs/findings/cluster-faults.md's table: each cluster-fault scenario 3 times (seeds 1-3) on a private
 # 3-primary cluster with a replica each (about 4 minutes); the table from results/readme/cluster-faults.
 CLUSTER_SCENARIOS := cluster-kill cluster-kill-wait cluster-failover cluster-failover-force cluster-partition cluster-partition-wait
-cluster-faults: $(STAMP)  ## the README's cluster failover table (cluster-fault scenarios, 3 runs each)
+cluster-faults: $(STAMP)  ## docs/findings/cluster-faults.md's table (cluster-fault scenarios, 3 runs each)
 	rm -rf results/readme/cluster-faults
 	set -e; for s in $(CLUSTER_SCENARIOS); do \
 	  $(BIN)/crashbench compare -s scenarios/$$s.toml --cluster 3 --repeat 3 --plain --out results/readme/cluster-faults \
 	    || [ $$? -eq 1 ]; done  # exit 1, a threshold violated, still wrote its result: it goes in the table
 	$(BIN)/python bench/cluster_fault_table.py results/readme/cluster-faults
 
-# The README's stream consumer tables (about 6 minutes): stream against stream-reuse on the default scenario
+# docs/findings/stream-consumers.md's tables (about 6 minutes): stream against stream-reuse on the default scenario
 # and on name-reuse (5 seeds each), then the consumers each group still holds after 5, 10 and 20 SIGKILLs
 # without the cleanup (tests/designs_consumers.py), with it, and with name reuse (3 seeds each).
-stream-consumers: $(STAMP)  ## the README's stream consumer tables (recovery with name reuse, consumer churn)
+stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recovery with name reuse, consumer churn)
 	rm -rf results/readme/stream-consumers
 	$(BIN)/crashbench compare --designs stream,stream-reuse --repeat 5 --plain --out results/readme/stream-consumers
 	$(BIN)/crashbench compare -s scenarios/name-reuse.toml --repeat 5 --plain --out results/readme/stream-consumers
@@ -148,7 +151,7 @@ stream-consumers: $(STAMP)  ## the README's stream consumer tables (recovery wit
 	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
 	$(BIN)/python bench/stream_consumers.py results/readme/stream-consumers
 
-# The README's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
+# docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
 report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's HTML report, screenshotted
 	rm -rf results/readme/report

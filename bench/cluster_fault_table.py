@@ -1,4 +1,5 @@
-"""The README's cluster failover table from the result files `make cluster-faults` writes: one row per
+"""The cluster failover table (docs/findings/cluster-faults.md) from the result files `make cluster-faults`
+writes: one row per
 scenario and design, over its repeats (median, and min-max when they differ): held at the fault,
 lost, not replicated (what the primary held and the promoted replica did not, acknowledged, never
 run), acknowledged during the lag, the bytes the promoted replica was behind, duplicated, acks lost,

@@ -1,4 +1,5 @@
-"""The README library table's cluster column (`make libraries-cluster`): each adapter on the default
+"""The library table's cluster column (docs/findings/libraries.md, `make libraries-cluster`): each adapter
+on the default
 scenario, 2 seeds, on an embedded cluster of 3 primaries without replicas, at its shipped concurrency
 and default window, as `make libraries` runs it on one server.
 

@@ -1,4 +1,4 @@
-"""The README's library table from the result files `make libraries` writes: one row per design (the
+"""The library table (docs/findings/libraries.md) from the result files `make libraries` writes: one row per design (the
 newest result of each), every figure the median of its seeds with (min-max) where they differ, and
 jobs/s from the runs without kills; and the column "on a cluster" from what `make libraries-cluster`
 keeps (bench/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error,

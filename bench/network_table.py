@@ -1,4 +1,4 @@
-"""The README's network table from the result files `make network` writes: one row per scenario and
+"""The network table (docs/findings/network.md) from the result files `make network` writes: one row per scenario and
 design (the newest result of each): lost, duplicated (of which overlapping), stuck workers, how soon
 the slowest of the faulted workers (the producer: its enqueues) resumed after the fault healed, how soon the queue
 drained, and, where the producer enqueued during the run, its indeterminate enqueues (of which ran).

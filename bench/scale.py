@@ -17,7 +17,8 @@ private server), and what crashbench's own process costs at that size:
     python bench/scale.py [--out DIR] [--repeat R] [--add] [N ...]   measure (default: 2000 100000
                       1000000, once each), save DIR/scale.json (--add: beside the rows already there)
 
-    python bench/scale.py --table DIR             the README's table from DIR/scale.json, measuring nothing
+    python bench/scale.py --table DIR             the table of docs/findings/benchmarks.md from DIR/scale.json,
+                                                  measuring nothing
 
 Each run's result file goes to results/scale/ (with its timeline: 120 MB at 10M jobs, so not kept
 in git); the figures go to DIR/scale.json (default results/readme/scale).

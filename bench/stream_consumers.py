@@ -1,4 +1,4 @@
-"""The README's stream consumer tables from the result files `make stream-consumers` writes:
+"""The stream consumer tables (docs/findings/stream-consumers.md) from the result files `make stream-consumers` writes:
 
 1. recovery: stream (XAUTOCLAIM after stale_after) against stream-reuse (the replacement re-reads its
    slot's consumer name's pending entries) on the default scenario, per seed and the median;

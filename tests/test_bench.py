@@ -83,12 +83,12 @@ def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) ->
 
 
 def test_the_readme_scale_table_is_what_its_figures_give() -> None:
-    """The README's scale table is bench/scale.py's rendering of results/readme/scale/scale.json
+    """The scale table of docs/findings/benchmarks.md is bench/scale.py's rendering of results/readme/scale/scale.json
     (make bench-scale), every row of it."""
     root = Path(__file__).resolve().parent.parent
     table = subprocess.run(
         [sys.executable, str(root / "bench" / "scale.py"), "--table", str(root / "results" / "readme" / "scale")],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "findings" / "benchmarks.md").read_text()
     assert len(table) == 6 and all(line in readme for line in table)

@@ -185,3 +185,10 @@ def test_the_checks_fire_on_an_upward_import_and_a_circle(tmp_path: Path) -> Non
     assert heavy_imports(pkg / "scenario") == ["d.py imports redis.client"]
     assert set(upward(graph)) == {("scenario", "run")}
     assert cycles(graph) == {frozenset({"crashbench.run.b", "crashbench.run.c"})}
+
+
+def test_the_architecture_page_draws_the_layers_in_this_order() -> None:
+    page = (ROOT.parent / "docs" / "explanation" / "architecture.md").read_text()
+    block = page.split("<!-- layers: top first -->\n```\n", 1)[1].split("```", 1)[0]
+    drawn = [set(line.split("  ")[1].replace(" ", "").split(",")) for line in block.splitlines() if line.strip()]
+    assert drawn == [set(layer) - {"__main__"} for layer in reversed(LAYERS)]

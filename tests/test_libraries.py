@@ -295,15 +295,16 @@ def test_libraries_run_their_shipped_concurrency_unless_told_otherwise(small: Sc
 
 
 def test_the_readme_library_table_is_what_its_result_files_give() -> None:
-    """The README's library table is regenerated from results/readme/libraries and libraries-throughput
-    (make libraries), its cluster column and the errors under it from results/readme/libraries-cluster
+    """The library table of docs/findings/libraries.md is regenerated from results/readme/libraries and
+    libraries-throughput (make libraries), its cluster column and the errors under it from
+    results/readme/libraries-cluster
     (make libraries-cluster)."""
     root = Path(__file__).resolve().parent.parent
     dirs = [str(root / "results" / "readme" / d) for d in ("libraries", "libraries-throughput", "libraries-cluster")]
     out = subprocess.run(
         [sys.executable, str(root / "bench" / "library_table.py"), *dirs], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "findings" / "libraries.md").read_text()
     rows = [line for line in out if line.startswith("|")]
     assert rows[0].endswith("| on a cluster (3 primaries) |") and len(rows) == 2 + 14
     assert all(row in readme for row in rows)

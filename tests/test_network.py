@@ -210,13 +210,13 @@ def test_a_real_partition_is_a_reconnect_with_timeouts_and_leaves_nothing_behind
 
 
 def test_the_readme_network_table_is_what_its_result_files_give() -> None:
-    """The README's network table is regenerated from results/readme/network (make network)."""
+    """The network table of docs/findings/network.md is regenerated from results/readme/network (make network)."""
     root = Path(__file__).resolve().parent.parent
     table = subprocess.run(
         [sys.executable, str(root / "bench" / "network_table.py"), str(root / "results" / "readme" / "network")],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "findings" / "network.md").read_text()
     rows = [row for row in table[2:] if not row.startswith("| net-replica-partition")]
     assert len(rows) == 42 and all(row in readme for row in rows)
     assert table[0] in readme

@@ -148,15 +148,16 @@ def test_bad_trim_settings_are_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_readme_trimming_tables_are_what_their_result_files_give() -> None:
-    """The README's three trimming tables are bench/stream_trim.py's rendering of results/readme/stream-trim
-    (make stream-trim); the result files recount like every README result (tests/test_counts.py)."""
+    """The three trimming tables of docs/findings/stream-trimming.md are bench/stream_trim.py's rendering of
+    results/readme/stream-trim (make stream-trim); the result files recount like every README result
+    (tests/test_counts.py)."""
     root = Path(__file__).resolve().parent.parent
     script, results = root / "bench" / "stream_trim.py", root / "results" / "readme" / "stream-trim"
     table = subprocess.run(
         [sys.executable, str(script), "table", str(results)], capture_output=True, text=True, check=True
     ).stdout
     rows = [row for row in table.splitlines() if row.startswith("|")]
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "findings" / "stream-trimming.md").read_text()
     assert len(rows) == 7 + 8 + 6 and all(row in readme for row in rows)
     assert "| 250 | 0.125x | 250 | 1,750 | 1,750 | 300 | 1,700 | 1,700 | 0 |" in rows
 

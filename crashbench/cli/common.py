@@ -181,7 +181,7 @@ CLUSTER = click.option(
     type=click.IntRange(min=1),
     metavar="N",
     help="Start a private Redis Cluster of N primaries (with --cluster-replicas replicas each) instead of the "
-    "embedded server. An external cluster: --redis-url redis+cluster://host:port (README: Redis Cluster).",
+    "embedded server. An external cluster: --redis-url redis+cluster://host:port (docs/how-to/cluster.md).",
 )
 CLUSTER_REPLICAS = click.option(
     "--cluster-replicas",

@@ -26,7 +26,7 @@ from crashbench.run.workload import Workload
 
 @dataclass(slots=True)
 class Counts:
-    enqueued: int = 0
+    enqueued: int = 0  # jobs the producer enqueued (acknowledged or not): the outcome classes add up to it
     # outcome classes, one per enqueued job
     done: int = 0  # its handler ran to completion at least once
     dead_lettered: int = 0  # never completed; the queue dead-lettered it
@@ -54,8 +54,8 @@ class Counts:
     unexpected: int = 0  # ids executed that were never enqueued
     executions: int = 0  # handler starts, in all
     interrupted: int = 0  # handler starts that never finished (the worker died inside)
-    kills: int = 0
-    kills_mid_job: int = 0
+    kills: int = 0  # worker faults made (signals, pauses), as the injector recorded them
+    kills_mid_job: int = 0  # ... of which the victim's ledger had a handler running at the signal
     poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
     transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
     failing_jobs: int = 0  # poison_jobs + transient_jobs: the jobs whose first attempt raises

@@ -21,7 +21,7 @@ What is read (`Scope`):
   before and after the run: a key that appeared outside the namespace is read and searched. Names
   rather than keyspace notifications, which would mean changing the server's configuration (crashbench
   touches nothing of a server it did not start but its namespace). What the names cannot see is a
-  write into a key that existed before: the README's threat model says so.
+  write into a key that existed before: the threat model (docs/explanation/counts-and-evidence.md) says so.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ occur by chance. The search looks for it in raw bytes, which covers what queues 
 (the token needs no escaping), msgpack and pickle strings (stored as their UTF-8 bytes), key names,
 hash field names and set members with any prefix; and inside base64, which it recognizes by the
 token's three encodings (one per byte alignment, standard and URL-safe alphabets) and decodes (a
-Celery message's body). What it cannot see is said in the README's threat model: an id compressed
+Celery message's body). What it cannot see is said in the threat model
+(docs/explanation/counts-and-evidence.md): an id compressed
 (zlib, as RQ stores a job's data), encrypted, split, or base64-encoded twice.
 
 Cost: one `bytes.find` per entry that holds no token (most of a reading's bytes are not jobs), and

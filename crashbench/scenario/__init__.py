@@ -58,7 +58,7 @@ from crashbench.scenario.settings import Bound as Bound
 from crashbench.scenario.thresholds import Threshold
 
 MAX_SCHEDULE_S = 86_400  # no duration of a run's schedule may exceed a day
-MAX_JOBS = 100_000_000  # 10,000,000 take about 2 GB at their peak (README: scale)
+MAX_JOBS = 100_000_000  # 10,000,000 take about 2 GB at their peak (docs/findings/benchmarks.md: scale)
 MAX_NAME, MAX_DESCRIPTION = 1_000, 10_000
 
 
