@@ -11,13 +11,16 @@ import dataclasses
 import math
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
 from crashbench import jobids
+from crashbench.errors import UnexpectedError
 from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
 from crashbench.evidence import kills as killing
 from crashbench.evidence import trim as trimming
+from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
 from crashbench.model.faults import JOB_SAMPLE, NetworkFaultRecord
@@ -92,104 +95,157 @@ def _runs_of(runs: Executions, jobs: set[str]) -> dict[str, list[Execution]]:
     return out
 
 
-def design_run(tl: Timeline) -> DesignRun:
-    sc = Scenario.from_dict(tl.scenario)
-    flags = tl.design
-    ids, produced = tl.ids, tl.produced
-    runs = Executions.of(tl.executions)
+@checker("kills")
+def _kills(h: History, before: Sections) -> Section:
+    """Each kill's verdict settled from the final ledger (crashbench.evidence.kills): on copies, so the
+    timeline stays as recorded; the later checkers fill in their derived figures."""
+    records = killing.settle(h.timeline.kills, h.runs)
+    counts = {"kills": len(records), "kills_mid_job": sum(k.mid_job for k in records)}
+    return Section("kills", counts=counts, facts={"records": records})
+
+
+@checker("evidence")
+def _evidence(h: History, before: Sections) -> Section:
+    """The sources that are produced independently, compared (crashbench.evidence.checks); and where the
+    harness's search and the design's reading disagreed."""
+    tl, produced = h.timeline, h.timeline.produced
     # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
     # The claims are the injector's own look, as recorded.
     facts = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in tl.kills if k.target != "parent"]
-    # Each kill's verdict settled from the final ledger (crashbench.evidence.kills); counting fills in
-    # the derived figures of each: on copies, so the timeline stays as recorded.
-    kill_records = killing.settle(tl.kills, runs)
     problems = evidence.check(
         evidence.Evidence(
-            enqueued=ids, executions=tl.executions, located=tl.located, state=tl.state,
-            drained=tl.drained, own_worker=flags.own_worker, kills=facts, ledger_problems=tl.ledger_problems,
+            enqueued=tl.ids, executions=tl.executions, located=tl.located, state=tl.state,
+            drained=tl.drained, own_worker=tl.design.own_worker, kills=facts, ledger_problems=tl.ledger_problems,
             acknowledged=tl.acknowledged if produced else None,
             indeterminate=tl.indeterminate if produced else None,
             drained_at=tl.drained_at, settled_at=tl.settled_at, backlog_after=tl.backlog_after,
             held_at_drain=tl.held_at_drain,
         )
     )  # fmt: skip
-    problems += tl.reading_problems  # where the harness's search and the design's reading disagreed
+    return Section("evidence", problems=problems + list(tl.reading_problems))
+
+
+@checker("outcomes")
+def _outcomes(h: History, before: Sections) -> Section:
+    """Every enqueued job in exactly one outcome class, and the events around them
+    (crashbench.evidence.counts)."""
+    tl, sc = h.timeline, h.scenario
     c, classes = counting.count(
-        ids,
-        tl.executions,
-        tl.located,
-        tl.state,
-        drops_failed=flags.drops_failed,
-        kills=len(kill_records),
-        kills_mid_job=sum(k.mid_job for k in kill_records),
-        workload=sc.workload(),
-        settings=sc.settings(),
-        indeterminate=tl.indeterminate,
-        broker_fault=tl.fault_window(),
-        drained=tl.drained,
-        cut_off=tl.cut_off,
-    )
+        tl.ids, tl.executions, tl.located, tl.state, drops_failed=tl.design.drops_failed,
+        kills=len(records := before.fact("kills", "records")), kills_mid_job=sum(k.mid_job for k in records),
+        workload=sc.workload(), settings=sc.settings(), indeterminate=tl.indeterminate,
+        broker_fault=tl.fault_window(), drained=tl.drained, cut_off=tl.cut_off,
+    )  # fmt: skip
     c.worker_crashes = len(tl.exits)
-    problems += evidence.requeues(tl.state, ids, runs, tl.located, _redelivery(tl, sc, c, classes))
-    c.empty_acks = sum(1 for f in runs.flags if f & EMPTY_ACK)
-    done = classes["done"]
-    c.held_at_fault = sum(1 for j in set(tl.held_at_fault) if j not in done)
-    if tl.broker_fault is not None and tl.broker_fault.promoted_held is not None:
-        # Acknowledged ones only: an enqueue WAIT did not confirm is indeterminate, not lost, if it is gone.
-        promoted, indeterminate = set(tl.held_after_promotion), tl.indeterminate
-        c.not_replicated = sum(
-            1 for j in set(tl.held_at_fault) if j not in promoted and j not in done and j not in indeterminate
-        )
-    if produced:
-        c.acked_during_lag = sum(1 for j in tl.acked_during_lag if j not in done)
-    trim = trimming.trimmed(tl, classes["lost"])
-    if trim is not None:
-        c.trimmed_unread, c.trimmed_pending = len(trim.unread), len(trim.pending)
-        c.trimmed = c.trimmed_unread + c.trimmed_pending
-    runs_of = _runs_of(runs, {j for k in kill_records for j in k.jobs})
-    for k in kill_records:
-        ready = tl.ready.get(k.replacement) if k.replacement else None
-        if ready is not None:
-            k.replacement_ready_ms = round((ready - k.at) * 1000, 3)
-        k.recovered_after_ms = killing.recovery_ms(k, runs_of.get(k.job or "", []))
-    recoveries = sorted(k.recovered_after_ms for k in kill_records if k.recovered_after_ms is not None)
-    # Every handler a kill interrupted, not only the one its record names: a worker running several
-    # (threads, a pool) leaves several jobs for recovery to give back.
-    c.unrecovered = sum(
-        1 for k in kill_records for j in k.jobs if math.isinf(killing.recovery_ms(k, runs_of[j]) or 0.0)
-    )
-    network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), tl) for nf in tl.network]
-    c.stuck_workers = len({s for nf in network for s in nf.stuck})
+    c.empty_acks = sum(1 for f in h.runs.flags if f & EMPTY_ACK)
+    c.consumers = len(tl.located.consumers)
     jobs = {
         k: sorted(classes[k])[:JOB_SAMPLE]
         for k in ("lost", "stranded", "undrained", "dead_lettered", "failed", "unconfirmed", "library_disagrees")
     }
     if classes["taken_by_stop"]:  # only where the stop took any (and never in a result from before the count)
         jobs["taken_by_stop"] = sorted(classes["taken_by_stop"])[:JOB_SAMPLE]
-    if trim is not None:  # only where receipts were kept: a result saved before them recounts to the same ids
-        jobs |= {
-            "trimmed_unread": sorted(trim.unread)[:JOB_SAMPLE],
-            "trimmed_pending": sorted(trim.pending)[:JOB_SAMPLE],
-        }
-    c.consumers = len(tl.located.consumers)
+    counts = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    return Section("outcomes", counts=counts, jobs=jobs, facts={"classes": classes, "counts": c})
+
+
+@checker("requeues")
+def _requeues(h: History, before: Sections) -> Section:
+    """The design's own word on what recovery gave back, against the ledger's redeliveries."""
+    tl, c, classes = h.timeline, before.fact("outcomes", "counts"), before.fact("outcomes", "classes")
+    return Section(
+        "requeues",
+        problems=evidence.requeues(tl.state, tl.ids, h.runs, tl.located, _redelivery(tl, h.scenario, c, classes)),
+    )
+
+
+@checker("broker")
+def _broker(h: History, before: Sections) -> Section:
+    """What a broker or cluster fault took: jobs held at the fault, not on the promoted replica,
+    acknowledged during the replica's lag; never completed."""
+    tl, done = h.timeline, before.fact("outcomes", "classes")["done"]
+    counts = {"held_at_fault": sum(1 for j in set(tl.held_at_fault) if j not in done)}
+    if tl.broker_fault is not None and tl.broker_fault.promoted_held is not None:
+        # Acknowledged ones only: an enqueue WAIT did not confirm is indeterminate, not lost, if it is gone.
+        promoted, indeterminate = set(tl.held_after_promotion), tl.indeterminate
+        counts["not_replicated"] = sum(
+            1 for j in set(tl.held_at_fault) if j not in promoted and j not in done and j not in indeterminate
+        )
+    if tl.produced:
+        counts["acked_during_lag"] = sum(1 for j in tl.acked_during_lag if j not in done)
+    return Section("broker", counts=counts)
+
+
+@checker("trim")
+def _trim(h: History, before: Sections) -> Section:
+    """Which lost jobs a trimmed stream no longer holds (crashbench.evidence.trim)."""
+    trim = trimming.trimmed(h.timeline, before.fact("outcomes", "classes")["lost"])
+    if trim is None:  # only where receipts were kept: a result saved before them recounts to the same ids
+        return Section("trim")
+    counts = {"trimmed_unread": len(trim.unread), "trimmed_pending": len(trim.pending)}
+    counts["trimmed"] = counts["trimmed_unread"] + counts["trimmed_pending"]
+    jobs = {"trimmed_unread": sorted(trim.unread)[:JOB_SAMPLE], "trimmed_pending": sorted(trim.pending)[:JOB_SAMPLE]}
+    return Section("trim", counts=counts, jobs=jobs)
+
+
+@checker("recovery")
+def _recovery(h: History, before: Sections) -> Section:
+    """How soon each kill's replacement was ready and its jobs ran again; the jobs that never did."""
+    tl, records = h.timeline, before.fact("kills", "records")
+    runs_of = _runs_of(h.runs, {j for k in records for j in k.jobs})
+    for k in records:
+        ready = tl.ready.get(k.replacement) if k.replacement else None
+        if ready is not None:
+            k.replacement_ready_ms = round((ready - k.at) * 1000, 3)
+        k.recovered_after_ms = killing.recovery_ms(k, runs_of.get(k.job or "", []))
+    recoveries = sorted(k.recovered_after_ms for k in records if k.recovered_after_ms is not None)
+    # Every handler a kill interrupted, not only the one its record names: a worker running several
+    # (threads, a pool) leaves several jobs for recovery to give back.
+    unrecovered = sum(1 for k in records for j in k.jobs if math.isinf(killing.recovery_ms(k, runs_of[j]) or 0.0))
+    return Section("recovery", counts={"unrecovered": unrecovered}, facts={"recoveries": recoveries})
+
+
+@checker("liveness")
+def _liveness(h: History, before: Sections) -> Section:
+    """After each network fault: how soon its slots resumed, and those that never did."""
+    network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), h.timeline) for nf in h.timeline.network]
+    return Section(
+        "liveness", counts={"stuck_workers": len({s for nf in network for s in nf.stuck})}, facts={"network": network}
+    )
+
+
+CHECKERS: tuple[Checker, ...] = (_kills, _evidence, _outcomes, _requeues, _broker, _trim, _recovery, _liveness)
+
+
+def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRun:
+    """The run's result from its timeline alone: its checkers composed (crashbench.evidence.checker). A
+    checker that raised leaves its verdict unknown: the others still ran, and the run ends with its
+    error (exit 5), never with counts it did not check."""
+    h = History.of(tl)
+    sections = compose(checkers, h)
+    if failed := crashed(sections):
+        raise UnexpectedError("; ".join(f"checker {s.name} raised, its verdict is unknown: {s.error}" for s in failed))
+    c = merged_counts(sections)
+    records = sections.fact("kills", "records")
+    classes = sections.fact("outcomes", "classes")
     return DesignRun(
         design=tl.spec,
         variant=tl.variant,
         prefix=tl.prefix,
-        seed=sc.seed,
+        seed=h.scenario.seed,
         counts=c,
-        timings=_timings(tl, sc, kill_records, c.done, recoveries),
-        kills=kill_records,
-        network_faults=network,
+        timings=_timings(tl, h.scenario, records, c.done, sections.fact("recovery", "recoveries")),
+        kills=records,
+        network_faults=sections.fact("liveness", "network"),
         repeat=tl.repeat,
         schedule=tl.planned,
         broker_fault=tl.broker_fault,
         worker_exits=tl.exits,
-        duplicates=_duplicates(runs, classes["duplicated"]),
+        duplicates=_duplicates(h.runs, classes["duplicated"]),
         workdir=tl.workdir,
-        jobs=jobs,
-        problems=problems,
-        total_queue=counting.total_queue(c, flags.exactly_once),
+        jobs={k: v for s in sections.values() for k, v in s.jobs.items()},
+        problems=[p for s in sections.values() for p in s.problems],
+        total_queue=counting.total_queue(c, tl.design.exactly_once),
         configuration=tl.configuration,
         warnings=tl.warnings,
         consumers=list(tl.located.consumers),
