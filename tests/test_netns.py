@@ -315,3 +315,38 @@ def test_unavailable_says_why_without_root(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = netns.unavailable()
     assert reason is not None and "root" in reason
+
+
+def test_a_sweep_holds_the_lock_runs_take_their_network_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps at once (parallel runs, each creating its partitions) both removed the same dead run's
+    names, and the later one failed on what the first had removed: a sweep runs under the lock."""
+    import fcntl
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a run that leaves partitions behind
+        try:
+            os.write(w, netns.Partitions.create(1).tag.encode())
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.close(w)
+    try:
+        tag = os.read(r, 100).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    held = []
+    real = netns._remove
+
+    def remove(t: str, prefix: str) -> list[str]:
+        with open(netns.LOCK_PATH, "a") as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return real(t, prefix)
+
+    monkeypatch.setattr(netns, "_remove", remove)
+    assert tag in netns.sweep()
+    assert held and all(held) and leftovers(tag) == []

@@ -164,7 +164,7 @@ class Partitions:
         with open(LOCK_PATH, "a") as lock:  # concurrent runs check and take their /24 one at a time
             fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file
             with contextlib.suppress(NetnsError):  # a dead run's leftover does not keep this one from running
-                sweep()
+                _sweep(PREFIX)
             names = [n for names in _names(PREFIX)[0].values() for n in names]  # a clash fails before _build,
             if any(re.fullmatch(rf"{PREFIX}{tag}(-[0-9]+)?", n) for n in names):  # whose failure removes them
                 raise NetnsError(f"network partitions {tag} exist already: give another tag (new_tag())")
@@ -346,9 +346,16 @@ def _owner_alive(tag: str, created: float | None) -> bool:
 
 def sweep(tag_prefix: str = PREFIX) -> list[str]:
     """Remove the namespaces, veths and chains of runs whose process is gone; return their tags. Never
-    touches another name, nor a live run's."""
+    touches another name, nor a live run's. Under the lock runs take their /24 with: two sweeps at once
+    both removed the same dead run's names, and the second failed on the names the first had taken."""
     if unavailable() is not None:
         return []  # nothing can have been made here either
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file
+        return _sweep(tag_prefix)
+
+
+def _sweep(tag_prefix: str) -> list[str]:
     found, problems = _names(tag_prefix)
     pattern = re.compile(rf"{re.escape(tag_prefix)}({TAG}|[0-9]{{1,7}}z)(?:-[0-9]+)?")
     born: dict[str, float | None] = {}
