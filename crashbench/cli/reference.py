@@ -1,5 +1,6 @@
 """docs/reference.md, generated from the code: every command and option (click's own help records),
-every scenario key with its default and what it accepts (crashbench.scenario), every count with its
+every scenario key with its default and what it accepts (crashbench.scenario), every fault family's
+kinds and keys (crashbench.faults.registry), every count with its
 definition (the comments of crashbench.evidence.counts.Counts) and every exit code (crashbench.errors).
 
 `make reference` writes it (python -m crashbench.cli.reference docs/reference.md); tests/test_docs.py
@@ -22,6 +23,7 @@ from crashbench.cli import cli
 from crashbench.cli.common import OVERRIDES
 from crashbench.errors import ExitCode
 from crashbench.evidence.counts import Counts
+from crashbench.faults import registry
 from crashbench.scenario import Scenario
 from crashbench.scenario.settings import CHOICES, NUMBERS, SECTIONS
 
@@ -138,6 +140,16 @@ def scenario_keys() -> Iterator[str]:
         yield ""
 
 
+def fault_families() -> Iterator[str]:
+    yield "## Fault families\n"
+    yield "Each `[[faults]]` entry belongs to the family of its `kind` (`crashbench.faults.registry`).\n"
+    yield "| Family | Kinds | Keys | What it does |\n|---|---|---|---|"
+    for f in registry.FAMILIES:
+        kinds = ", ".join(f"`{k}`" for k in f.kinds)
+        yield f"| `{f.name}` | {kinds} | {', '.join(f'`{k}`' for k in f.keys)} | {_cell(f.summary)} |"
+    yield ""
+
+
 def counts() -> Iterator[str]:
     yield "## Counts\n"
     yield "Every count of a run (`crashbench.evidence.counts.Counts`), as a result file and a threshold name it.\n"
@@ -157,7 +169,7 @@ def exit_codes() -> Iterator[str]:
 
 
 def render() -> str:
-    parts = [HEADER, *commands(), *scenario_keys(), *counts(), *exit_codes()]
+    parts = [HEADER, *commands(), *scenario_keys(), *fault_families(), *counts(), *exit_codes()]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -45,14 +45,12 @@ import redis
 
 from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
-from crashbench.faults import CLUSTER_KINDS
 from crashbench.faults.broker import Producer, ReplicaCut
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.model.queue import Located
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
 
-KINDS = CLUSTER_KINDS
 FAILOVER_ARGS = {"cluster-failover": (), "cluster-failover-force": ("FORCE",), "cluster-takeover": ("TAKEOVER",)}
 # Failure detection in a fault run: 1 s rather than the embedded cluster's 2 s, since the recovery time
 # of a kill is mostly this (a loaded machine's node that is only slow would rarely stay silent 1 s).
@@ -272,6 +270,8 @@ class ClusterFaults:
     replica is promoted, its reading (Watcher), the runner's clients moved to it, and, for a kill, the
     old primary restarted `downtime` s later and rejoined."""
 
+    fine = False  # stepped once a tick (crashbench.faults.family.Driver)
+
     def __init__(
         self,
         planned: list[Fault],
@@ -284,7 +284,7 @@ class ClusterFaults:
         mark: Callable[[float, str], None],
         clock: Callable[[], float],
     ) -> None:
-        self.fault = next(f for f in planned if f.kind in KINDS)
+        self.fault = next(f for f in planned if f.kind.startswith("cluster-"))  # crashbench.faults.servers
         self.broker, self.producer = broker, producer
         self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
         self.t0 = 0.0

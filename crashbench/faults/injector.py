@@ -34,6 +34,7 @@ Clock = Callable[[], float]
 
 
 class WorkerFaults:
+    fine = True  # stepped 10x a tick while it waits for a victim to enter a handler (faults.family.Driver)
     MID_JOB_WAIT = 5.0  # seconds a mid-job fault waits for its victim to be inside a handler
 
     def __init__(
@@ -179,6 +180,8 @@ class BrokerFaults:
     """The producer and the server's own fault (crashbench.faults.broker): the replica cut `replica_lag` s
     before a failover, the kill and the restart `downtime` later, or the failover."""
 
+    fine = False  # stepped once a tick (crashbench.faults.family.Driver)
+
     def __init__(
         self,
         planned: list[Fault],
@@ -255,6 +258,8 @@ class NetworkFaults:
     A fault on the replica link first has the harness wait until the replica confirms everything the
     primary acknowledged (`sync_replica`), so "acknowledged while the link was cut" is exact, and marks
     the producer's enqueues from then on as lagging (what a failover may lose, as with replica_lag)."""
+
+    fine = False  # stepped once a tick (crashbench.faults.family.Driver)
 
     def __init__(
         self, planned: list[Fault], proxy: ProxyProcess | None, clock: Clock, workers: int,

@@ -69,7 +69,7 @@ class KillRecord:
 class BrokerFaultRecord:
     """The broker fault as executed (crashbench.faults.broker). Times are seconds since the workers started."""
 
-    kind: str  # "kill" | "failover" | a cluster fault's kind (crashbench.faults.cluster.KINDS)
+    kind: str  # "kill" | "failover" | a cluster fault's kind (crashbench.faults.servers.CLUSTER_KINDS)
     persistence: str
     at: float
     held_at_fault: int  # jobs the queue held (its state()) just before the fault

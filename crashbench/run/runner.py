@@ -28,10 +28,11 @@ from crashbench.evidence import depth, inspector, keyspace, tally
 from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.search import Needle
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
-from crashbench.faults import plan
+from crashbench.faults import plan, registry
 from crashbench.faults.broker import Broker, Producer, Through
-from crashbench.faults.cluster import ClusterBroker, ClusterFaults
-from crashbench.faults.injector import BrokerFaults, NetworkFaults, WorkerFaults
+from crashbench.faults.cluster import ClusterBroker
+from crashbench.faults.family import Driver
+from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
 from crashbench.model.queue import Located, Receipts, carry, receipts
 from crashbench.report.results import DesignRun, WorkerExit
@@ -115,8 +116,9 @@ class CrashRun:
         settings = scenario.settings(design_spec)
         wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
         self.planned = plan(scenario)
-        self.broker_faults: BrokerFaults | ClusterFaults | None = None
-        self.network_faults: NetworkFaults | None = None
+        # Each fault family's driver in this run (crashbench.faults.registry), by family name, once the
+        # fault phase begins; the signal family's is `worker_faults`, built below with the supervisor.
+        self.drivers: dict[str, Driver] = {}
         self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
         self.external = external
         # The producer enqueues during the run when asked, or when a broker fault or a fault on it may meet it.
@@ -271,7 +273,7 @@ class CrashRun:
         # While a broker fault has the server down, neither a recovery pass nor a depth reading: both
         # would only wait on the dead server (seconds, on a loaded machine), and the producer and the
         # worker faults, on this same loop, with them.
-        down = self.broker_faults is not None and self.broker_faults.down
+        down = self.down
         if now >= self._next_recover and self.phase != "starting" and not down:
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
@@ -297,7 +299,7 @@ class CrashRun:
                 continue
             self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
             if len(self.exits) > 2 * self.sc.workers:
-                if self.broker_faults is None or not self.broker_faults.down:
+                if not self.down:
                     self.client.ping()  # workers that died of a lost server: that is the error (exit 3)
                 raise RunAborted(
                     f"{self.spec}: {len(self.exits)} workers exited on their own; the last one "
@@ -326,49 +328,47 @@ class CrashRun:
                 raise
             return down
 
+    @property
+    def down(self) -> bool:
+        """Whether a fault has the server down now (a driver that can take it down says so)."""
+        return any(getattr(d, "down", False) for d in self.drivers.values())
+
+    def mark(self, t: float, what: str) -> None:
+        """A fault's event on the timeline (a broker's kill, restart, promotion, ...)."""
+        self.marks.append((t, what, -1))
+
     def _fire_faults(self, ids: JobIds) -> None:
-        """The one scheduler: every planned fault fired from this loop at its time, worker faults and the
-        broker's alike, so they may overlap; with a broker fault, the producer enqueues meanwhile."""
-        workers, broker, network = self.worker_faults, None, None
-        workers.t0 = self.t0
+        """The one scheduler: every planned fault fired from this loop at its time, each family's by its
+        driver (crashbench.faults.registry), so faults of every family may overlap; the producer
+        enqueues meanwhile when the run has one."""
+        self.worker_faults.t0 = self.t0
         through = None
         if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
             through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
         producer = self.producer = (
             Producer(ids, self.jobs_for, self.sc.produce_s, self.t0, through) if self.producing else None
         )
-        if self.net.proxy is not None or self.net.partitions is not None:
-            sync = self.broker.sync_replica if self.broker is not None else None
-            network = self.network_faults = NetworkFaults(
-                self.planned, self.net.proxy, self.clock, self.sc.workers, producer, sync, self.net.partitions
-            )
-            network.t0 = self.t0
-        if self.broker is not None and producer is not None:
-            faults = ClusterFaults if isinstance(self.broker, ClusterBroker) else BrokerFaults
-            broker = self.broker_faults = faults(
-                self.planned, self.broker, producer, self.sc.replica_lag, self.sc.persistence, self._locate,
-                self._reconnect, lambda t, what: self.marks.append((t, what, -1)), self.clock,
-            )  # fmt: skip
-            broker.t0 = self.t0
-        while (
-            not workers.done or (broker is not None and not broker.done) or (network and not network.done)
-            or (producer is not None and not producer.done)
-        ):  # fmt: skip
+        built = [(f, d) for f in registry.FAMILIES if (d := f.driver(self)) is not None]
+        self.drivers = {f.name: d for f, d in built}
+        path = [d for f, d in built if not d.fine and not f.on_server]  # on the connections: before an enqueue
+        server = [d for f, d in built if not d.fine and f.on_server]  # the server's: meeting the enqueue
+        fine = [d for _, d in built if d.fine]
+        while not all(d.done for d in self.drivers.values()) or (producer is not None and not producer.done):
             self._tick()
-            if network is not None:
-                network.step(self.clock())
+            for d in path:
+                d.step(self.clock())
             if producer is not None:
                 producer.produce(self.design, self.clock())
-            if broker is not None:
-                broker.step(self.clock())
+            for d in server:
+                d.step(self.clock())
             # Waiting for a victim to enter a handler: its own ledger is looked at 10x as often as
             # the rest of the loop runs (a short job is over within a tick), nothing else is.
             until = self.clock() + self.TICK
-            while workers.step(self.clock()) and self.clock() < until:
+            while any([d.step(self.clock()) for d in fine]) and self.clock() < until:
                 time.sleep(self.TICK / 10)
             time.sleep(max(0.0, until - self.clock()))
 
-    def _reconnect(self) -> None:
+    def reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
         self.client.close()
         self.raw.close()
@@ -387,7 +387,7 @@ class CrashRun:
 
     # -- counting --------------------------------------------------------------------------------
 
-    def _locate(self, raw: redis.Redis | None = None) -> Located:
+    def locate(self, raw: redis.Redis | None = None) -> Located:
         located, self._snapshot = reading.locate(self.design, raw or self.raw)
         self.inspect_s += self._snapshot.taken_s
         return located
@@ -410,7 +410,8 @@ class CrashRun:
         state = self.design.state().canonical()
         after = self._final_reading()
         located, reading_problems = carry(before, after.located, self.ledger.has_completed), after.problems
-        t0, bf = self.t0, self.broker_faults
+        t0 = self.t0
+        history = {k: v for f in registry.FAMILIES if (d := self.drivers.get(f.name)) for k, v in f.history(d).items()}
         if self.producer is not None:
             enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in self.producer.chunks]
         else:
@@ -425,21 +426,18 @@ class CrashRun:
             spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
             ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
             executions=self.ledger.hand_over(t0),
-            ledger_problems=list(self.ledger.problems), planned=self.planned, kills=self.worker_faults.records,
-            network=self.network_faults.records if self.network_faults else [],
+            ledger_problems=list(self.ledger.problems), planned=self.planned,
             marks=sorted(
                 [Mark(rel(t, t0), what, n) for t, what, n in self.marks]
                 + [Mark(rel(t, t0), f"resume {worker}") for t, worker in self.worker_faults.healed],
                 key=lambda m: m.t,
             ),
             depth=self.sampler.samples,
-            broker_fault=bf.record if bf else None, exits=self.exits,
-            held_at_fault=sorted(bf.held_at_fault) if bf else [], located=located, state=state,
-            reading_problems=reading_problems,
-            held_after_promotion=sorted(bf.held_after_promotion) if bf else [],
+            exits=self.exits, located=located, state=state, reading_problems=reading_problems,
             faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
             settled_at=None if settled is None else rel(settled[0], t0),
             backlog_after=-1 if settled is None else settled[1], held_at_drain=None if settled is None else settled[2],
             inspect_s=round(self.inspect_s, 4),
             workdir=str(self.dir) if self.keep_dir else None,
+            **history,
         )  # fmt: skip

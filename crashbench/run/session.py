@@ -18,8 +18,8 @@ import redis
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
-from crashbench.faults.cluster import KINDS as CLUSTER_FAULTS
 from crashbench.faults.cluster import cluster_broker
+from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.report.results import Result, environment, new_id, now_iso, summarize
 from crashbench.run import workdirs
 from crashbench.run.interpreter import WorkerPython

@@ -214,11 +214,7 @@ class Scenario:
             for problem in (*_infinite(table), *_elsewhere(table), *_out_of_range(table))
         ]
         if NUMBERS["workers"].accepts(self.workers):
-            p += [
-                q
-                for n, e in enumerate(self.schedule, 1)
-                for q in faults.entry_problems(e, n, self.workers, FAULT_SIGNALS)
-            ]
+            p += [q for n, e in enumerate(self.schedule, 1) for q in faults.entry_problems(e, n, self)]
         if NUMBERS["socket_timeout"].accepts(self.socket_timeout) and 0 < self.socket_timeout <= BLOCKING_POP_S:
             p.append(
                 f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)"

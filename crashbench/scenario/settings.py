@@ -7,18 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from crashbench.faults.signals import FAULT_SIGNALS as FAULT_SIGNALS  # the worker-signal family's vocabulary
+from crashbench.faults.signals import KILL_TARGETS as KILL_TARGETS
+from crashbench.faults.signals import KILL_WHEN as KILL_WHEN
 from crashbench.run.workload import DISTRIBUTIONS
-
-KILL_WHEN = ("mid-job", "any")
-# For workers that are process trees (library workers): the whole tree, only the worker process, or
-# only the child running the job.
-KILL_TARGETS = ("tree", "parent", "child")
-# Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
-# pause it (SIGSTOP, resumed with SIGCONT after faults.pause seconds).
-FAULT_SIGNALS = (
-    "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2",
-)  # fmt: skip
-
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",

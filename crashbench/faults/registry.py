@@ -1,0 +1,23 @@
+"""Every fault family (crashbench.faults.family), in the order their sections and drivers run. A new
+family is one module and one line here."""
+
+from __future__ import annotations
+
+from crashbench.faults import network, servers, signals
+from crashbench.faults.family import Entry, FaultFamily
+
+FAMILIES: tuple[FaultFamily, ...] = (
+    signals.FAMILY,
+    network.FAMILY,
+    servers.BROKER,
+    servers.CLUSTER,
+)
+
+
+def owner(entry: Entry) -> FaultFamily | None:
+    """The family whose kind the `[[faults]]` entry names (signal when it names none)."""
+    return next((f for f in FAMILIES if f.owns(entry)), None)
+
+
+def kinds() -> list[str]:
+    return [k for f in FAMILIES for k in f.kinds]

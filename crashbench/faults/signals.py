@@ -1,0 +1,100 @@
+"""The worker-signal family: a signal to a worker process (SIGKILL, SIGTERM, SIGSTOP as a pause, ...),
+timed by the seed, mid-job or on the clock. Its scenario section is `[faults]` (one periodic group);
+its `[[faults]]` entries are `kind = "signal"` (the default kind). The driver is
+crashbench.faults.injector.WorkerFaults, which the run builds first: its pauses thaw on every tick and
+its faults timed from the drain fire after it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from crashbench.faults.family import Driver, Entry, FaultFamily, FaultRun, Spec
+from crashbench.model.faults import Fault
+
+KILL_WHEN = ("mid-job", "any")
+# For workers that are process trees (library workers): the whole tree, only the worker process, or
+# only the child running the job.
+KILL_TARGETS = ("tree", "parent", "child")
+# Signals that end a process, that a worker handles as a graceful stop (SIGTERM, SIGINT), or that
+# pause it (SIGSTOP, resumed with SIGCONT after faults.pause seconds).
+FAULT_SIGNALS = (
+    "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGUSR1", "SIGUSR2",
+)  # fmt: skip
+KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target", "pause", "after")
+AFTER = ("start", "drained")  # what an entry's `at` counts from
+
+
+def periodic(sc: Spec, start: int, rng: random.Random) -> list[Fault]:
+    """The [faults] group: `kills` signals `interval` apart, each victim's slot drawn from the seed."""
+    pause = sc.pause if sc.signal == "SIGSTOP" else 0.0
+    return [
+        Fault(start + i, round((i + 1) * sc.interval, 6), rng.randrange(sc.workers), signal=sc.signal,
+              kill_when=sc.kill_when, target=sc.kill_target, duration=pause)
+        for i in range(sc.kills)
+    ]  # fmt: skip
+
+
+def plan(entry: Entry, start: int, sc: Spec, rng: random.Random) -> list[Fault]:
+    out = []
+    every = float(entry.get("every", 0.5))
+    for n in range(int(entry.get("count", 1))):
+        slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workers)
+        signal = entry.get("signal", "SIGKILL")
+        out.append(
+            Fault(start + n, round(float(entry.get("at", 0.5)) + n * every, 6), slot, signal=signal,
+                  kill_when=entry.get("kill_when", "mid-job"), target=entry.get("target", "tree"),
+                  duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0,
+                  after=entry.get("after", "start"))
+        )  # fmt: skip
+    return out
+
+
+def problems(entry: Entry, n: int, sc: Spec) -> list[str]:
+    where = f"[[faults]] signal entry {n}"
+    p = []
+    for key, whole, low in (("at", False, 0), ("count", True, 1), ("every", False, 0), ("pause", False, 0)):
+        v = entry.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or (whole and not isinstance(v, int)):
+            p.append(f"{where}: {key} must be {'a whole number' if whole else 'a number'}, not {v!r}")
+        elif not v >= low or v != v or v in (float("inf"), float("-inf")) or v > 10**9:
+            p.append(f"{where}: {key} must be at least {low} (and finite), not {v!r}")
+    slot, workers = entry.get("slot"), sc.workers
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < workers):
+        p.append(f"{where}: slot must be a worker slot, 0 to {workers - 1}, not {slot!r}")
+    if entry.get("signal", "SIGKILL") not in FAULT_SIGNALS:
+        p.append(f"{where}: signal must be one of {', '.join(FAULT_SIGNALS)}, not {entry.get('signal')!r}")
+    if entry.get("kill_when", "mid-job") not in KILL_WHEN:
+        p.append(f"{where}: kill_when must be mid-job or any, not {entry.get('kill_when')!r}")
+    if entry.get("target", "tree") not in KILL_TARGETS:
+        p.append(f"{where}: target must be tree, parent or child, not {entry.get('target')!r}")
+    after = entry.get("after", "start")
+    if after not in AFTER:
+        p.append(f"{where}: after must be start or drained, not {after!r}")
+    elif after == "drained" and entry.get("kill_when", "mid-job") != "any":
+        p.append(f'{where}: after = "drained" needs kill_when = "any": a drained queue has no job left to be inside')
+    return p
+
+
+def driver(run: FaultRun) -> Driver | None:
+    return run.worker_faults  # type: ignore[attr-defined, no-any-return]  # built with the run: see above
+
+
+def history(d: Driver) -> dict[str, Any]:
+    return {"kills": d.records}  # type: ignore[attr-defined]
+
+
+FAMILY = FaultFamily(
+    name="signal",
+    summary="a signal to a worker process: SIGKILL, SIGTERM, SIGSTOP (a pause), ...; mid-job or on the clock",
+    kinds=("signal",),
+    keys=KEYS,
+    problems=problems,
+    section=periodic,
+    section_first=True,
+    plan=plan,
+    driver=driver,
+    history=history,
+)
