@@ -168,9 +168,10 @@ def test_an_exception_in_the_runner_still_stops_every_worker(valkey_url: str, sm
 def test_a_drain_still_making_progress_at_its_bound_reports_its_backlog_undrained(
     valkey_url: str, small: Scenario
 ) -> None:
-    # One worker, 40 ms jobs, a 0.1 s window: a handler starts every 40 ms, so the window never runs
-    # out, and the bound (10 windows after the last fault) stops the drain with most jobs waiting.
-    sc = dataclasses.replace(small, jobs=100, job_ms=40, workers=1, kills=0, drain_timeout=0.1)
+    # One worker, 40 ms jobs, a 0.25 s window: a handler starts every 40 ms, so the window never runs
+    # out (the worker would have to stall six jobs' time), and the bound (10 windows after the last
+    # fault) stops the drain with most jobs waiting.
+    sc = dataclasses.replace(small, jobs=150, job_ms=40, workers=1, kills=0, drain_timeout=0.25)
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_evidence_agrees(run)

@@ -63,3 +63,19 @@ def test_the_watch_after_the_drain_keeps_the_most_backlog_it_read() -> None:
     clock = Clock()
     most = watch(clock.tick, clock, lambda: 2 if 0.05 < clock.now < 0.1 else 0, until=0.2, period=0.0)
     assert most == 2 and clock.now >= 0.2
+
+
+def test_a_harness_that_stalls_while_the_queue_works_does_not_take_its_pause_for_the_queue_s_quiet() -> None:
+    """The harness's loop stalls for 5 s (a loaded machine) in a window of 2 s while the workers went on
+    starting handlers: progress is read before the deadline, so the drain goes on and sees the end."""
+
+    class Stalling(Clock):
+        def tick(self) -> None:
+            self.now = round(self.now + (5.0 if self.now == 1.0 else 0.01), 6)
+
+    clock = Stalling()
+    ended = drain(
+        clock.tick, clock, lambda: int(clock.now), lambda: False, lambda: 3 if clock.now < 7 else 0,
+        faults_end=0.0, window=2.0, settle=0.1, period=0.0,
+    )  # fmt: skip
+    assert (ended.drained, ended.cut_off) == (True, False) and 7 <= clock.now < 7.2

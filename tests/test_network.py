@@ -18,10 +18,10 @@ import redis
 from crashbench import faults
 from crashbench.errors import UsageError
 from crashbench.faults import netns
-from crashbench.faults.broker import Through
 from crashbench.faults.proxyctl import ProxyProcess, proxy_for
 from crashbench.model.queue import Job
 from crashbench.report import html
+from crashbench.run.producer import Through
 from crashbench.run.session import Options, run_designs, run_sweep
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts

@@ -45,11 +45,12 @@ import redis
 
 from crashbench.errors import ServerUnavailable
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Producer, ReplicaCut
+from crashbench.faults.broker import ReplicaCut
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.model.queue import Located
 from crashbench.run import connect, workdirs
 from crashbench.run.cluster import ClusterNode, EmbeddedCluster
+from crashbench.run.producer import Producer
 
 FAILOVER_ARGS = {"cluster-failover": (), "cluster-failover-force": ("FORCE",), "cluster-takeover": ("TAKEOVER",)}
 # Failure detection in a fault run: 1 s rather than the embedded cluster's 2 s, since the recovery time

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 
 from crashbench.evidence.ledger import Execution, Ledger
 from crashbench.evidence.timeline import rel
-from crashbench.faults.broker import Broker, Producer, ReplicaCut, wait_back
+from crashbench.faults.broker import Broker, ReplicaCut, wait_back
 from crashbench.faults.proxyctl import ProxyProcess
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
 from crashbench.model.queue import Located
+from crashbench.run.producer import Producer
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 
 if TYPE_CHECKING:

@@ -51,11 +51,16 @@ def drain(
     empty_since: float | None = None
     deadline, hard = faults_end + window, faults_end + BOUND * window
     seen, last = started(), -1  # the last backlog read that could tell
-    while (now := clock()) < min(deadline, hard):
+    while True:
+        # Progress first, then the deadline: a harness that stalled (a loaded machine) while the
+        # queue went on must not take its own pause for the queue's quiet.
         tick()
+        now = clock()
         if started() != seen:
             seen = started()
             deadline = now + window
+        if now >= min(deadline, hard):
+            break
         if now >= next_check:
             next_check = now + 0.02
             held = backlog()

@@ -29,7 +29,7 @@ from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.search import Needle
 from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan, registry
-from crashbench.faults.broker import Broker, Producer, Through
+from crashbench.faults.broker import Broker
 from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
@@ -40,6 +40,7 @@ from crashbench.run import connect, lease, reading, workdirs
 from crashbench.run.drain import WATCH_S, drain, watch
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
+from crashbench.run.producer import Producer, Through
 from crashbench.run.progress import Progress
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor
