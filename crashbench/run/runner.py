@@ -24,19 +24,18 @@ import redis
 from crashbench import jobids
 from crashbench.designs import Design, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
-from crashbench.evidence import depth, inspector, keyspace, tally
+from crashbench.evidence import depth, keyspace, tally
 from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.search import Needle
-from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import plan, registry
 from crashbench.faults.broker import Broker
 from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
-from crashbench.model.queue import Located, Receipts, carry, receipts
+from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.report.results import DesignRun, WorkerExit
-from crashbench.run import connect, lease, reading, workdirs
+from crashbench.run import collect, connect, lease, reading, workdirs
 from crashbench.run.drain import WATCH_S, drain, watch
 from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
@@ -155,7 +154,6 @@ class CrashRun:
         self._next_recover = 0.0
         self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
-        self._snapshot = inspector.Snapshot({})  # the last reading of the design's keys
         self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.sampler = depth.Sampler()  # the harness's readings of the queue's depth (the timeline)
@@ -248,20 +246,20 @@ class CrashRun:
         # The watch after the drain: its end, the most backlog() said, and what Redis held as it began.
         settled: tuple[float, int, list[str]] | None = None
         if ended.drained:
-            held = sorted(self._final_reading().located.held)
+            held = sorted(collect.final_reading(self).located.held)
             backlog = lambda: self._tolerant(self.design.backlog, -1)  # noqa: E731
             most = watch(self._tick, self.clock, backlog, drained_at + WATCH_S, self.TICK)
             settled = (self.clock(), most, held)
 
         self.phase = "counting"
         self._report(force=True)
-        before = self._final_reading().located  # before anything is stopped: the queue as the run left it
+        before = collect.final_reading(self).located  # before anything is stopped: the queue as the run left it
         self.sup.stop_all(grace=self._grace())
         self._collect_exits()
         self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
         self.design.recover(self.clock() + self.sc.stale_after)
-        timeline = self._timeline(ended.drained, ended.cut_off, drained_at, faults_end, settled, before)
+        timeline = collect.timeline(self, ended.drained, ended.cut_off, drained_at, faults_end, settled, before)
         return tally.design_run(timeline)
 
     def _tick(self) -> None:
@@ -389,56 +387,6 @@ class CrashRun:
     # -- counting --------------------------------------------------------------------------------
 
     def locate(self, raw: redis.Redis | None = None) -> Located:
-        located, self._snapshot = reading.locate(self.design, raw or self.raw)
-        self.inspect_s += self._snapshot.taken_s
+        located, snapshot = reading.locate(self.design, raw or self.raw)
+        self.inspect_s += snapshot.taken_s
         return located
-
-    def _final_reading(self) -> reading.Reading:
-        """The design's reading of its keys, corrected by the harness's search of everything in scope for
-        the run's token (crashbench.run.reading), and the problems where the two disagree."""
-        url = self.broker.url if self.broker is not None else self.url
-        read = reading.final(self.design, self.raw, self.needle, self.scope, url, self.ledger.has_completed)
-        self._snapshot = read.snapshot
-        self.inspect_s += read.spent_s
-        return read
-
-    def _timeline(
-        self, drained: bool, cut_off: bool, drained_at: float, faults_end: float,
-        settled: tuple[float, int, list[str]] | None, before: Located,
-    ) -> Timeline:  # fmt: skip
-        """Everything the run recorded, on the timeline's clock, with the harness's final reading of Redis
-        (what it held before the workers were stopped, and found nowhere after, counted there)."""
-        state = self.design.state().canonical()
-        after = self._final_reading()
-        located, reading_problems = carry(before, after.located, self.ledger.has_completed), after.problems
-        t0 = self.t0
-        history = {k: v for f in registry.FAMILIES if (d := self.drivers.get(f.name)) for k, v in f.history(d).items()}
-        if self.producer is not None:
-            enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in self.producer.chunks]
-        else:
-            enqueues = [Enqueue(rel(t, t0), chunk, entries=e) for t, chunk, e in self.enqueues]
-        cls = self.design_cls
-        flags = DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once, cls.counts_requeues)
-        return Timeline(
-            index=self.index, spec=self.spec, variant=self.variant, prefix=self.prefix, repeat=self.repeat,
-            scenario=self.sc.to_dict(), design=flags,
-            t0=t0, started=self.started, window=self.window, produced=self.producer is not None,
-            configuration=self.configuration, warnings=self.warnings, enqueues=enqueues,
-            spawns=[Spawn(rel(w.spawned_at, t0), w.name, w.slot, w.pid) for w in self.sup.workers],
-            ready={w.name: rel(r, t0) for w in self.sup.workers if (r := self.ledger.ready_at(w.name)) is not None},
-            executions=self.ledger.hand_over(t0),
-            ledger_problems=list(self.ledger.problems), planned=self.planned,
-            marks=sorted(
-                [Mark(rel(t, t0), what, n) for t, what, n in self.marks]
-                + [Mark(rel(t, t0), f"resume {worker}") for t, worker in self.worker_faults.healed],
-                key=lambda m: m.t,
-            ),
-            depth=self.sampler.samples,
-            exits=self.exits, located=located, state=state, reading_problems=reading_problems,
-            faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
-            settled_at=None if settled is None else rel(settled[0], t0),
-            backlog_after=-1 if settled is None else settled[1], held_at_drain=None if settled is None else settled[2],
-            inspect_s=round(self.inspect_s, 4),
-            workdir=str(self.dir) if self.keep_dir else None,
-            **history,
-        )  # fmt: skip
