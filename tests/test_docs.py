@@ -78,3 +78,31 @@ def test_the_reference_defines_every_count_and_lists_every_option_and_exit_code(
             assert "--help" in param.opts or all(opt in text for opt in param.opts), param.opts
     for code in ExitCode:
         assert f"| {int(code)} | `{code.name}` |" in text
+    from crashbench.designs import Design
+
+    for name, member in Design.__dict__.items():
+        if callable(member) and (not name.startswith("_") or name == "__init__"):
+            assert f"| `{name}(" in text, f"Design.{name} is not in the reference"
+
+
+def test_the_smallest_design_of_the_guide_runs_and_loses_one_job_per_mid_job_kill() -> None:
+    """docs/how-to/your-own-design.md's example, as printed, crash-tested."""
+    import dataclasses
+    import sys
+    import types
+
+    from crashbench.run.session import Options, run_designs
+    from crashbench.scenario import Scenario
+
+    guide = (ROOT / "docs" / "how-to" / "your-own-design.md").read_text()
+    code = guide.split("```python\n", 1)[1].split("```", 1)[0]
+    module = types.ModuleType("guide_design")
+    exec(compile(code, "your-own-design.md", "exec"), module.__dict__)
+    sys.modules["guide_design"] = module
+    try:
+        sc = dataclasses.replace(Scenario(), jobs=300, job_ms=10, kills=2, interval=0.2)
+        run = run_designs(sc, ["guide_design:ListQueue"], Options()).runs[0]
+    finally:
+        del sys.modules["guide_design"]
+    assert run.problems == [] and run.counts.kills_mid_job == 2
+    assert run.counts.lost == 2 and run.counts.done == 298

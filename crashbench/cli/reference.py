@@ -21,6 +21,7 @@ import click
 
 from crashbench.cli import cli
 from crashbench.cli.common import OVERRIDES
+from crashbench.designs import Design
 from crashbench.errors import ExitCode
 from crashbench.evidence.counts import Counts
 from crashbench.faults import registry
@@ -140,6 +141,57 @@ def scenario_keys() -> Iterator[str]:
         yield ""
 
 
+def class_attributes(cls: type) -> list[tuple[str, str]]:
+    """The `NAME: ClassVar[...] = value` lines of `cls`'s own body and the comments just above each."""
+    lines, _ = inspect.getsourcelines(cls)
+    rows: list[tuple[str, str]] = []
+    block: list[str] = []
+    previous = False
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            block.append(stripped.lstrip("#").strip())
+            continue
+        m = re.match(r"^    (\w+): ClassVar\[.*?\]( = .*?)?(?:  # (.*))?$", line.rstrip())
+        if m:
+            text = " ".join([*block, m[3] or ""]).strip()
+            follows = rows and not block and not m[3] and previous  # one comment over a run of attributes
+            rows.append((f"`{m[1]}{m[2] or ''}`", "(as above)" if follows else text))
+        previous, block = bool(m), []
+    return rows
+
+
+def _signature(fn: object) -> str:
+    sig = inspect.signature(fn)  # type: ignore[arg-type]
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    star = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    shown = ", ".join(
+        star.get(p.kind, "") + (f"{p.name}: {p.annotation}" if p.annotation is not p.empty else p.name) for p in params
+    )
+    ret = sig.return_annotation
+    return f"({shown})" + (f" -> {ret}" if ret is not sig.empty else "")
+
+
+def design_interface() -> Iterator[str]:
+    yield "## The Design interface\n"
+    yield (
+        "`crashbench.designs.Design`, what `--design package.module:Class` loads "
+        "([your own design](how-to/your-own-design.md)). Required: the abstract methods; the rest have defaults.\n"
+    )
+    yield "| Method | Required | What it does |\n|---|---|---|"
+    for name, member in Design.__dict__.items():
+        if not inspect.isfunction(member) or (name.startswith("_") and name != "__init__"):
+            continue
+        doc = (inspect.getdoc(member) or "").split("\n\n", 1)[0]
+        required = "yes" if getattr(member, "__isabstractmethod__", False) else ""
+        yield f"| `{name}{_cell(_signature(member))}` | {required} | {_cell(doc)} |"
+    yield ""
+    yield "| Class attribute | What it declares |\n|---|---|"
+    for name, text in class_attributes(Design):
+        yield f"| {_cell(name)} | {_cell(text)} |"
+    yield ""
+
+
 def fault_families() -> Iterator[str]:
     yield "## Fault families\n"
     yield "Each `[[faults]]` entry belongs to the family of its `kind` (`crashbench.faults.registry`).\n"
@@ -169,7 +221,7 @@ def exit_codes() -> Iterator[str]:
 
 
 def render() -> str:
-    parts = [HEADER, *commands(), *scenario_keys(), *fault_families(), *counts(), *exit_codes()]
+    parts = [HEADER, *commands(), *scenario_keys(), *fault_families(), *design_interface(), *counts(), *exit_codes()]
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -53,8 +53,8 @@ class Design(ABC):
     Times (`now`) are the harness clock: time.monotonic() seconds, shared by all processes on a host.
     """
 
-    name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # what tables and results call it (the registry's key for a built-in)
+    summary: ClassVar[str] = ""  # one line, for `crashbench list`
     # False when the design keeps keys outside `prefix` (a library's own key layout): it may then run
     # only on a server crashbench started, never on --redis-url.
     namespaced: ClassVar[bool] = True
@@ -87,11 +87,14 @@ class Design(ABC):
     spread: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
+        """One instance in the runner (enqueue, recover, backlog, state) and one in each worker process
+        (start_worker, fetch, ack); `client` decodes responses, `settings` are the scenario's."""
         self.r = client
         self.prefix = prefix
         self.settings = settings
 
     def key(self, *parts: str) -> str:
+        """A key of the design's namespace: the prefix, then `parts` joined by ":"."""
         return self.prefix + ":".join(parts)
 
     def url(self) -> str:
