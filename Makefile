@@ -55,7 +55,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the lesson's script
 	$(BIN)/crashbench bench
-	$(BIN)/python bench/compare_vs_lesson.py
+	$(BIN)/python lab/compare_vs_lesson.py
 
 scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exact expectations, then recounted from its timeline
 	set -e; for s in scenarios/*.toml; do \
@@ -70,11 +70,11 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 # 10,000,000 (25 to 45 minutes in all, with the load); figures in results/readme/scale/scale.json,
 # runs in results/scale.
 bench-scale: $(STAMP)  ## the scale table: crashbench's own peak RSS, restart, counting, from 2,000 to 10,000,000 jobs
-	$(BIN)/python bench/scale.py --repeat 3 2000 100000 1000000
-	$(BIN)/python bench/scale.py --add 10000000
+	$(BIN)/python lab/scale.py --repeat 3 2000 100000 1000000
+	$(BIN)/python lab/scale.py --add 10000000
 
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
-	$(BIN)/python bench/saboteurs.py results/readme/saboteurs
+	$(BIN)/python lab/saboteurs.py results/readme/saboteurs
 
 # docs/findings/libraries.md's table: every adapter on the default scenario, 2 seeds each, one result file per
 # design in results/readme/libraries (about an hour: the as-installed configurations wait out 300 s
@@ -89,15 +89,15 @@ libraries: $(STAMP) $(ARQ_STAMP)  ## docs/findings/libraries.md's table (default
 	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries --worker-python $(ARQ_PY); \
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
 	    --worker-python $(ARQ_PY); done
-	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+	$(BIN)/python lab/library_table.py results/readme/libraries results/readme/libraries-throughput \
 	  results/readme/libraries-cluster
 
 # The library table's cluster column: every adapter on the default scenario, 2 seeds, on an embedded
 # cluster of 3 primaries without replicas (a few minutes). A design's result file, or the one line it
 # ended with (exit 2: unsupported on a cluster), as <design>.txt, in results/readme/libraries-cluster.
 libraries-cluster: $(STAMP) $(ARQ_STAMP)  ## the library table's cluster column (3 primaries, 2 seeds)
-	$(BIN)/python bench/libraries_cluster.py results/readme/libraries-cluster $(ARQ_PY)
-	$(BIN)/python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+	$(BIN)/python lab/libraries_cluster.py results/readme/libraries-cluster $(ARQ_PY)
+	$(BIN)/python lab/library_table.py results/readme/libraries results/readme/libraries-throughput \
 	  results/readme/libraries-cluster
 
 # docs/findings/network.md's table: each network scenario on the built-in designs, and on the library adapters
@@ -113,7 +113,7 @@ network: $(STAMP)  ## docs/findings/network.md's table (network scenarios, built
 	    --drain-timeout 30 --plain --out results/readme/network; done
 	$(BIN)/crashbench compare -s scenarios/net-replica-partition.toml --designs reliable,stream --plain \
 	  --out results/readme/network
-	$(BIN)/python bench/network_table.py results/readme/network
+	$(BIN)/python lab/network_table.py results/readme/network
 
 # docs/findings/stream-trimming.md's tables (about 2 minutes): stream_maxlen swept against a 2,000-job backlog
 # enqueued before the workers start, exact and approximate; scenarios/stream-trim.toml (produced during
@@ -126,8 +126,8 @@ stream-trim: $(STAMP)  ## docs/findings/stream-trimming.md's tables (bounds vs b
 	$(BIN)/crashbench sweep -s scenarios/stream-trim-bounds.toml -d stream -p $(TRIM_BOUNDS) --stream-trim approximate --plain \
 	  --out results/readme/stream-trim/approximate.json
 	$(BIN)/crashbench check -s scenarios/stream-trim.toml --repeat 3 --plain --out results/readme/stream-trim/produced.json
-	$(BIN)/python bench/stream_trim.py memory results/readme/stream-trim/memory.json
-	$(BIN)/python bench/stream_trim.py table results/readme/stream-trim
+	$(BIN)/python lab/stream_trim.py memory results/readme/stream-trim/memory.json
+	$(BIN)/python lab/stream_trim.py table results/readme/stream-trim
 
 # docs/findings/cluster-faults.md's table: each cluster-fault scenario 3 times (seeds 1-3) on a private
 # 3-primary cluster with a replica each (about 4 minutes); the table from results/readme/cluster-faults.
@@ -137,7 +137,7 @@ cluster-faults: $(STAMP)  ## docs/findings/cluster-faults.md's table (cluster-fa
 	set -e; for s in $(CLUSTER_SCENARIOS); do \
 	  $(BIN)/crashbench compare -s scenarios/$$s.toml --cluster 3 --repeat 3 --plain --out results/readme/cluster-faults \
 	    || [ $$? -eq 1 ]; done  # exit 1, a threshold violated, still wrote its result: it goes in the table
-	$(BIN)/python bench/cluster_fault_table.py results/readme/cluster-faults
+	$(BIN)/python lab/cluster_fault_table.py results/readme/cluster-faults
 
 # docs/findings/stream-consumers.md's tables (about 6 minutes): stream against stream-reuse on the default scenario
 # and on name-reuse (5 seeds each), then the consumers each group still holds after 5, 10 and 20 SIGKILLs
@@ -149,7 +149,7 @@ stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recov
 	set -e; for k in 5 10 20; do \
 	  PYTHONPATH=tests $(BIN)/crashbench compare --designs designs_consumers:StreamKeepsConsumers,stream,stream-reuse \
 	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
-	$(BIN)/python bench/stream_consumers.py results/readme/stream-consumers
+	$(BIN)/python lab/stream_consumers.py results/readme/stream-consumers
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
@@ -161,10 +161,10 @@ report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's H
 	rm docs/report-compare.html  # `crashbench report` writes it again from results/readme/report
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
-	$(BIN)/python bench/inspector_cost.py
+	$(BIN)/python lab/inspector_cost.py
 
 bench-interrupt: $(STAMP)  ## how fast bench stops on Ctrl-C / SIGTERM, interrupted in every phase (goal: under 1 s)
-	$(BIN)/python bench/interrupt.py
+	$(BIN)/python lab/interrupt.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

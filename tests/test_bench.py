@@ -83,11 +83,11 @@ def test_bench_command_prints_its_tables_and_saves_typed_json(tmp_path: Path) ->
 
 
 def test_the_readme_scale_table_is_what_its_figures_give() -> None:
-    """The scale table of docs/findings/benchmarks.md is bench/scale.py's rendering of results/readme/scale/scale.json
+    """The scale table of docs/findings/benchmarks.md is lab/scale.py's rendering of results/readme/scale/scale.json
     (make bench-scale), every row of it."""
     root = Path(__file__).resolve().parent.parent
     table = subprocess.run(
-        [sys.executable, str(root / "bench" / "scale.py"), "--table", str(root / "results" / "readme" / "scale")],
+        [sys.executable, str(root / "lab" / "scale.py"), "--table", str(root / "results" / "readme" / "scale")],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
     readme = (root / "docs" / "findings" / "benchmarks.md").read_text()

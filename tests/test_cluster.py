@@ -261,7 +261,7 @@ def test_a_library_design_on_a_cluster_is_unsupported_in_one_line(cluster: Embed
 
 
 def _bench(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "lab" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -302,7 +302,7 @@ def test_the_readme_library_table_is_what_its_result_files_give() -> None:
     root = Path(__file__).resolve().parent.parent
     dirs = [str(root / "results" / "readme" / d) for d in ("libraries", "libraries-throughput", "libraries-cluster")]
     out = subprocess.run(
-        [sys.executable, str(root / "bench" / "library_table.py"), *dirs], capture_output=True, text=True, check=True
+        [sys.executable, str(root / "lab" / "library_table.py"), *dirs], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     readme = (root / "docs" / "findings" / "libraries.md").read_text()
     rows = [line for line in out if line.startswith("|")]

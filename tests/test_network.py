@@ -213,7 +213,7 @@ def test_the_readme_network_table_is_what_its_result_files_give() -> None:
     """The network table of docs/findings/network.md is regenerated from results/readme/network (make network)."""
     root = Path(__file__).resolve().parent.parent
     table = subprocess.run(
-        [sys.executable, str(root / "bench" / "network_table.py"), str(root / "results" / "readme" / "network")],
+        [sys.executable, str(root / "lab" / "network_table.py"), str(root / "results" / "readme" / "network")],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
     readme = (root / "docs" / "findings" / "network.md").read_text()

@@ -148,11 +148,11 @@ def test_bad_trim_settings_are_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_readme_trimming_tables_are_what_their_result_files_give() -> None:
-    """The three trimming tables of docs/findings/stream-trimming.md are bench/stream_trim.py's rendering of
+    """The three trimming tables of docs/findings/stream-trimming.md are lab/stream_trim.py's rendering of
     results/readme/stream-trim (make stream-trim); the result files recount like every README result
     (tests/test_counts.py)."""
     root = Path(__file__).resolve().parent.parent
-    script, results = root / "bench" / "stream_trim.py", root / "results" / "readme" / "stream-trim"
+    script, results = root / "lab" / "stream_trim.py", root / "results" / "readme" / "stream-trim"
     table = subprocess.run(
         [sys.executable, str(script), "table", str(results)], capture_output=True, text=True, check=True
     ).stdout

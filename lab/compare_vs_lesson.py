@@ -1,5 +1,5 @@
 """`make bench`: how long `crashbench compare` takes on the default scenario, next to the lesson's own
-crash test (bench/lesson, its two designs), on the same machine, in alternation.
+crash test (lab/lesson, its two designs), on the same machine, in alternation.
 
 Prints, as medians of --repeat runs: each design's wall time as a ratio to the ideal (jobs x job time /
 workers), worker start-up (spawn -> READY) and restart (kill -> replacement READY), the whole
@@ -52,7 +52,7 @@ def main() -> None:
                     d["startup"].append(run["timings"]["startup_ms_median"])
                     d["restart"].append(run["timings"]["restart_ms_median"] or 0.0)
                 port = {"LESSON_REDIS_PORT": str(lesson_server.port)}
-                wall, _ = timed([sys.executable, "crash_test.py"], ROOT / "bench" / "lesson", port)
+                wall, _ = timed([sys.executable, "crash_test.py"], ROOT / "lab" / "lesson", port)
                 lesson_walls.append(wall)
                 print(f"round {i + 1}/{args.repeat}: compare {compare_walls[-1]:.2f} s, lesson {wall:.2f} s")
     finally:

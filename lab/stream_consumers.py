@@ -8,7 +8,7 @@
    (stream), and with name reuse, the idle times of those left, and the requeues and dead letters
    (a slot killed three times running dead-letters the job its replacements re-read).
 
-    python bench/stream_consumers.py results/readme/stream-consumers
+    python lab/stream_consumers.py results/readme/stream-consumers
 """
 
 from __future__ import annotations

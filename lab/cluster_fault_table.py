@@ -5,7 +5,7 @@ lost, not replicated (what the primary held and the promoted replica did not, ac
 run), acknowledged during the lag, the bytes the promoted replica was behind, duplicated, acks lost,
 indeterminate enqueues (of which ran), undrained, and the recovery time (fault -> replica promoted).
 
-    python bench/cluster_fault_table.py results/readme/cluster-faults
+    python lab/cluster_fault_table.py results/readme/cluster-faults
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The library table (docs/findings/libraries.md) from the result files `make libraries` writes: one row per design (the
 newest result of each), every figure the median of its seeds with (min-max) where they differ, and
 jobs/s from the runs without kills; and the column "on a cluster" from what `make libraries-cluster`
-keeps (bench/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error,
+keeps (lab/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error,
 in full under the table.
 
-    python bench/library_table.py results/readme/libraries results/readme/libraries-throughput \
+    python lab/library_table.py results/readme/libraries results/readme/libraries-throughput \
         results/readme/libraries-cluster
 """
 

@@ -1,4 +1,4 @@
-"""The scale table (issue 16): one crash run per job count (bench/scale.toml: reliable-batch, 0 ms jobs,
+"""The scale table (issue 16): one crash run per job count (lab/scale.toml: reliable-batch, 0 ms jobs,
 8 workers, 5 mid-job SIGKILLs from the start, 9 idle-worker SIGKILLs once the queue has drained, on a
 private server), and what crashbench's own process costs at that size:
 
@@ -14,10 +14,10 @@ private server), and what crashbench's own process costs at that size:
     wall          the whole command, seconds
     counts        done / lost / duplicated / interrupted, and the evidence checks' problems (0: proven)
 
-    python bench/scale.py [--out DIR] [--repeat R] [--add] [N ...]   measure (default: 2000 100000
+    python lab/scale.py [--out DIR] [--repeat R] [--add] [N ...]   measure (default: 2000 100000
                       1000000, once each), save DIR/scale.json (--add: beside the rows already there)
 
-    python bench/scale.py --table DIR             the table of docs/findings/benchmarks.md from DIR/scale.json,
+    python lab/scale.py --table DIR             the table of docs/findings/benchmarks.md from DIR/scale.json,
                                                   measuring nothing
 
 Each run's result file goes to results/scale/ (with its timeline: 120 MB at 10M jobs, so not kept
@@ -44,7 +44,7 @@ from crashbench.model.faults import KillRecord
 
 RUNS = Path("results/scale")
 SCENARIO = Path(__file__).with_name("scale.toml")
-ARGS = ["run", "--scenario", "bench/scale.toml", "--design", "reliable-batch", "--kills", "5", "--plain"]
+ARGS = ["run", "--scenario", "lab/scale.toml", "--design", "reliable-batch", "--kills", "5", "--plain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ class Row:
 def measure(jobs: int) -> Row:
     before = set(RUNS.glob("*.json"))
     started = time.monotonic()
-    args = [str(SCENARIO) if a == "bench/scale.toml" else a for a in ARGS]  # from any directory
+    args = [str(SCENARIO) if a == "lab/scale.toml" else a for a in ARGS]  # from any directory
     proc = subprocess.Popen(
         [sys.executable, "-m", "crashbench", *args, "--jobs", str(jobs), "--out", str(RUNS)],
         stdout=subprocess.DEVNULL,

@@ -4,7 +4,7 @@ to its exit; median and max per signal. The goal is under a second; every interr
 and leave none of its processes behind.
 
     make bench-interrupt            # 8 interruptions per signal
-    python bench/interrupt.py 3     # 3 per signal
+    python lab/interrupt.py 3     # 3 per signal
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ and default window, as `make libraries` runs it on one server.
 
 A design that runs leaves its result file in the directory. One that cannot ends as crashbench ends
 it, with exit 2 and one line, `<design>: unsupported on a cluster: <the library's own error>`: that
-line is kept as `<design>.txt` beside the result files, and bench/library_table.py reads both. Any
+line is kept as `<design>.txt` beside the result files, and lab/library_table.py reads both. Any
 other ending stops the script with the run's own error and exit code.
 
-    python bench/libraries_cluster.py results/readme/libraries-cluster .venv/arq/bin/python
+    python lab/libraries_cluster.py results/readme/libraries-cluster .venv/arq/bin/python
 """
 
 from __future__ import annotations

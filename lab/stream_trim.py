@@ -1,7 +1,7 @@
 """The stream-trimming figures (docs/findings/stream-trimming.md) (`make stream-trim`).
 
-    python bench/stream_trim.py memory results/readme/stream-trim/memory.json   # measure, a private server
-    python bench/stream_trim.py table results/readme/stream-trim                # docs/findings' tables
+    python lab/stream_trim.py memory results/readme/stream-trim/memory.json   # measure, a private server
+    python lab/stream_trim.py table results/readme/stream-trim                # docs/findings' tables
 
 `memory`: what each design keeps on the server once every job was acknowledged, against what its
 largest backlog cost (MEMORY USAGE of every key of the design's namespace): JOBS jobs, CHUNK at a time

@@ -3,7 +3,7 @@ design (the newest result of each): lost, duplicated (of which overlapping), stu
 the slowest of the faulted workers (the producer: its enqueues) resumed after the fault healed, how soon the queue
 drained, and, where the producer enqueued during the run, its indeterminate enqueues (of which ran).
 
-    python bench/network_table.py results/readme/network
+    python lab/network_table.py results/readme/network
 """
 
 from __future__ import annotations
