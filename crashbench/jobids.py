@@ -1,6 +1,6 @@
 """Job ids held as integers, so that a run of ten million jobs costs bytes per job, not a string each.
 
-A run's ids are its job numbers written with at least six digits ("000042"; crashbench.run.workload).
+A run's ids are its job numbers written with at least six digits ("000042"; crashbench.model.workload).
 Such an id's code is its number; any other id (a test's "a", an id no enqueue made) gets a negative
 code from a table of this process, so that every id has exactly one code and one spelling back.
 

@@ -13,8 +13,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from designs_saboteur import PHANTOMS, planted  # noqa: E402
 
+from crashbench.model.workload import job_ids  # noqa: E402
 from crashbench.run.session import Options, run_designs  # noqa: E402
-from crashbench.run.workload import job_ids  # noqa: E402
 from crashbench.scenario import Scenario  # noqa: E402
 
 JOBS = 2000

@@ -22,9 +22,9 @@ import redis
 
 from crashbench.designs import Design, load_design
 from crashbench.model.queue import DesignSettings
+from crashbench.model.workload import job_ids, jobs_for
 from crashbench.report.results import DesignRun, Result
 from crashbench.run.server import EmbeddedServer, describe, find_server_binary
-from crashbench.run.workload import job_ids, jobs_for
 
 JOBS = 20_000
 CHUNK = 500  # jobs enqueued, then every one fetched and acknowledged, at a time

@@ -11,9 +11,9 @@ from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
 from crashbench.evidence.ledger import Execution
 from crashbench.model.queue import DesignSettings, Located, QueueState, carry
+from crashbench.model.workload import Workload, job_ids
 from crashbench.report import store
 from crashbench.report.results import SCHEMA
-from crashbench.run.workload import Workload, job_ids
 
 
 def ex(job: str, done: bool = True, start: float = 1.0, failed: bool = False) -> Execution:

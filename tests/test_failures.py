@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.model.workload import job_ids
 from crashbench.report.results import DesignRun
 from crashbench.run.session import Options, run_designs, run_sweep
-from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 

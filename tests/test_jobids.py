@@ -7,7 +7,7 @@ import math
 from crashbench import jobids
 from crashbench.evidence.executions import Execution, Executions
 from crashbench.jobids import JobIds, Marks
-from crashbench.run.workload import job_ids
+from crashbench.model.workload import job_ids
 
 
 def test_a_job_number_is_its_own_code_and_any_other_id_gets_one_of_its_own() -> None:

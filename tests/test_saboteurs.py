@@ -15,8 +15,8 @@ import redis
 from designs_saboteur import PHANTOMS, GhostState, planted
 
 from crashbench.errors import UnexpectedError
+from crashbench.model.workload import job_ids
 from crashbench.run.session import Options, run_designs
-from crashbench.run.workload import job_ids
 from crashbench.scenario import Scenario
 from tests import independent
 

@@ -140,8 +140,8 @@ def test_redact_text_masks_urls_inside_text_and_the_bare_password() -> None:
 def test_spec_file_and_argv_of_an_execd_worker_never_hold_the_url(tmp_path: Path) -> None:
     from crashbench.designs import load_design
     from crashbench.model.queue import DesignSettings
+    from crashbench.model.workload import Workload
     from crashbench.run.worker import WorkerSpec
-    from crashbench.run.workload import Workload
 
     url = "redis://default:Sekr1t-pw@127.0.0.1:6399/0"
     spec = WorkerSpec(url, load_design("reliable"), "p:", DesignSettings(), Workload())

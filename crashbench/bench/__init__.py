@@ -45,6 +45,7 @@ from crashbench.designs import Design, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.evidence.ledger import Ledger
 from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.workload import Workload
 from crashbench.report.results import environment, new_id, now_iso
 from crashbench.run import connect, workdirs
 from crashbench.run.provision import open_server
@@ -52,7 +53,6 @@ from crashbench.run.server import ServerInfo, cleanup_keys
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor, WorkerProcess
 from crashbench.run.worker import WorkerSpec, run_bare, run_worker
-from crashbench.run.workload import Workload
 
 WAIT_TIMEOUT = 120.0  # a measurement that does not finish in this long is a broken design
 # How often the throughput phases look whether the workers are done. The figures come from the

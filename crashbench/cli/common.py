@@ -21,13 +21,13 @@ from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
 from crashbench.evidence import recount
+from crashbench.model.workload import DISTRIBUTIONS
 from crashbench.report import export, store
 from crashbench.report.render import progress_line, result_table
 from crashbench.report.results import Result
 from crashbench.run.progress import Progress
 from crashbench.run.runner import StopFlag
 from crashbench.run.session import Options
-from crashbench.run.workload import DISTRIBUTIONS
 from crashbench.scenario import (
     BROKER_FAULTS,
     FAULT_SIGNALS,

@@ -21,7 +21,7 @@ from crashbench import jobids
 from crashbench.evidence.executions import FAILED, Execution, Executions
 from crashbench.jobids import JobIds
 from crashbench.model.queue import DesignSettings, Located, QueueState
-from crashbench.run.workload import Workload
+from crashbench.model.workload import Workload
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
 from crashbench.model.queue import Located, Receipts, receipts
+from crashbench.model.workload import job_ids, jobs_for
 from crashbench.report.results import DesignRun, WorkerExit
 from crashbench.run import collect, connect, lease, reading, workdirs
 from crashbench.run.drain import WATCH_S, drain, watch
@@ -44,7 +45,6 @@ from crashbench.run.progress import Progress
 from crashbench.run.stopflag import StopFlag
 from crashbench.run.supervisor import Supervisor
 from crashbench.run.worker import DOWN, WorkerSpec, run_worker
-from crashbench.run.workload import job_ids, jobs_for
 from crashbench.scenario import Scenario
 
 Clock = Callable[[], float]

@@ -14,7 +14,7 @@ import os
 import time
 
 from crashbench.evidence.ledger import LedgerWriter
-from crashbench.run.workload import Workload
+from crashbench.model.workload import Workload
 
 _opened: tuple[int, LedgerWriter, Workload] | None = None
 

@@ -31,10 +31,10 @@ import redis
 from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.evidence.ledger import LedgerWriter
 from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.workload import Workload
 from crashbench.run import connect
 from crashbench.run.interpreter import URL_ENV
 from crashbench.run.redact import redact_url, secrets_of
-from crashbench.run.workload import Workload
 
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
 # What a client sees while the server is down, restarting, loading its data or demoted; on a cluster,

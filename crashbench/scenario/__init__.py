@@ -29,7 +29,7 @@ from typing import Any
 from crashbench import faults
 from crashbench.errors import ScenarioError
 from crashbench.model.queue import DesignSettings
-from crashbench.run.workload import Workload, job_ids
+from crashbench.model.workload import Workload, job_ids
 from crashbench.scenario import thresholds
 from crashbench.scenario.files import available as available
 from crashbench.scenario.files import find as find

@@ -10,7 +10,7 @@ from typing import Any
 from crashbench.faults.signals import FAULT_SIGNALS as FAULT_SIGNALS  # the worker-signal family's vocabulary
 from crashbench.faults.signals import KILL_TARGETS as KILL_TARGETS
 from crashbench.faults.signals import KILL_WHEN as KILL_WHEN
-from crashbench.run.workload import DISTRIBUTIONS
+from crashbench.model.workload import DISTRIBUTIONS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
