@@ -100,9 +100,9 @@ def test_the_smallest_design_of_the_guide_runs_and_loses_one_job_per_mid_job_kil
     exec(compile(code, "your-own-design.md", "exec"), module.__dict__)
     sys.modules["guide_design"] = module
     try:
-        sc = dataclasses.replace(Scenario(), jobs=300, job_ms=10, kills=2, interval=0.2)
+        sc = dataclasses.replace(Scenario(), jobs=800, job_ms=10, kills=2, interval=0.2)  # 2 s of work
         run = run_designs(sc, ["guide_design:ListQueue"], Options()).runs[0]
     finally:
         del sys.modules["guide_design"]
     assert run.problems == [] and run.counts.kills_mid_job == 2
-    assert run.counts.lost == 2 and run.counts.done == 298
+    assert run.counts.lost == 2 and run.counts.done == 798
