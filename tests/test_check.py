@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import ExitCode
-from crashbench.evidence.counts import Problem
+from crashbench.model.counts import Problem
 from crashbench.report.results import DesignRun, summarize
 from crashbench.run.session import evaluate
 from crashbench.scenario import Scenario

@@ -64,7 +64,7 @@ def test_the_reference_defines_every_count_and_lists_every_option_and_exit_code(
 
     from crashbench.cli import cli
     from crashbench.errors import ExitCode
-    from crashbench.evidence.counts import Counts
+    from crashbench.model.counts import Counts
 
     text = reference.render()
     rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", text.split("## Counts", 1)[1], flags=re.M))

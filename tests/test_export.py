@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import UsageError
-from crashbench.evidence.counts import Counts, Problem
+from crashbench.model.counts import Counts, Problem
 from crashbench.report.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
 from crashbench.report.results import DesignRun, Environment, Result, ThresholdResult, Timings
 

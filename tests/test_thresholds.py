@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from crashbench.errors import UsageError
-from crashbench.evidence.counts import Counts
+from crashbench.model.counts import Counts
 from crashbench.model.faults import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Timings
 from crashbench.scenario.thresholds import (

@@ -1,7 +1,7 @@
 """docs/reference.md, generated from the code: every command and option (click's own help records),
 every scenario key with its default and what it accepts (crashbench.scenario), every fault family's
 kinds and keys (crashbench.faults.registry), every count with its
-definition (the comments of crashbench.evidence.counts.Counts) and every exit code (crashbench.errors).
+definition (the comments of crashbench.model.counts.Counts) and every exit code (crashbench.errors).
 
 `make reference` writes it (python -m crashbench.cli.reference docs/reference.md); tests/test_docs.py
 fails when the committed file is not what this makes from today's code."""
@@ -23,8 +23,8 @@ from crashbench.cli import cli
 from crashbench.cli.common import OVERRIDES
 from crashbench.designs import Design
 from crashbench.errors import ExitCode
-from crashbench.evidence.counts import Counts
 from crashbench.faults import registry
+from crashbench.model.counts import Counts
 from crashbench.scenario import Scenario
 from crashbench.scenario.settings import CHOICES, NUMBERS, SECTIONS
 
@@ -204,7 +204,7 @@ def fault_families() -> Iterator[str]:
 
 def counts() -> Iterator[str]:
     yield "## Counts\n"
-    yield "Every count of a run (`crashbench.evidence.counts.Counts`), as a result file and a threshold name it.\n"
+    yield "Every count of a run (`crashbench.model.counts.Counts`), as a result file and a threshold name it.\n"
     yield "| Count | Definition |\n|---|---|"
     for name, text in field_comments(Counts):
         yield f"| {name} | {_cell(text)} |" if name else f"| | *{_cell(text)}* |"

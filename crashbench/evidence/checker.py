@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crashbench.evidence.counts import Counts, Problem
 from crashbench.evidence.executions import Executions
 from crashbench.evidence.timeline import Timeline
+from crashbench.model.counts import Counts, Problem
 from crashbench.scenario import Scenario
 
 

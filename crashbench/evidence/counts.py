@@ -15,114 +15,13 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 
 from crashbench import jobids
 from crashbench.evidence.executions import FAILED, Execution, Executions
 from crashbench.jobids import JobIds
+from crashbench.model.counts import Counts, TotalQueue
 from crashbench.model.queue import DesignSettings, Located, QueueState
 from crashbench.model.workload import Workload
-
-
-@dataclass(slots=True)
-class Counts:
-    enqueued: int = 0  # jobs the producer enqueued (acknowledged or not): the outcome classes add up to it
-    # outcome classes, one per enqueued job
-    done: int = 0  # its handler ran to completion at least once
-    dead_lettered: int = 0  # never completed; the queue dead-lettered it
-    stranded: int = 0  # never completed, not dead; the queue still holds it after the final recovery
-    failed: int = 0  # never completed, its handler raised or the queue recorded it failed, not dead-lettered
-    lost: int = 0  # never completed, and the queue has no trace of it (its enqueue was acknowledged)
-    unconfirmed: int = 0  # never completed, no trace, and its enqueue errored: it may never have been stored
-    # events and anomalies
-    duplicated: int = 0  # jobs completed more than once
-    duplicated_overlapping: int = 0  # ... two of whose completions ran at the same time (a stolen live job)
-    duplicated_sequential: int = 0  # ... run again only after a completion (e.g. killed before the ack)
-    extra_executions: int = 0  # completions beyond the first, over all jobs
-    failed_attempts: int = 0  # executions whose handler raised
-    retried: int = 0  # jobs started again after a failed attempt
-    early_retries: int = 0  # retries that started sooner after a failure than the backoff allows
-    dead_lettered_poison: int = 0  # dead-lettered jobs whose last execution raised: for failing, not for crashing
-    # the ledger's: starts of a job after an earlier start of it that did not raise (a retry after a
-    # failure is `retried`): what recovery (or a stolen delivery) gave back and a worker ran again
-    redelivered: int = 0  # jobs started again so
-    redeliveries: int = 0  # ... such starts, in all
-    # the design's own word (state()), checked against the ledger (crashbench.evidence.checks.requeues)
-    requeued: int = 0  # jobs recovery gave back at least once
-    requeue_events: int = 0  # times recovery gave a job back
-    empty_acks: int = 0  # acks that found nothing left to acknowledge (recovery, or a late ack, got there first)
-    unexpected: int = 0  # ids executed that were never enqueued
-    executions: int = 0  # handler starts, in all
-    interrupted: int = 0  # handler starts that never finished (the worker died inside)
-    kills: int = 0  # worker faults made (signals, pauses), as the injector recorded them
-    kills_mid_job: int = 0  # ... of which the victim's ledger had a handler running at the signal
-    poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
-    transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
-    failing_jobs: int = 0  # poison_jobs + transient_jobs: the jobs whose first attempt raises
-    # broker faults (a killed or failed-over server)
-    indeterminate: int = 0  # enqueues that errored or timed out (or were not replicated in time)
-    recovered: int = 0  # ... of which the job was done all the same
-    acks_lost: int = 0  # jobs completed (and acked) before the broker fault that ran again after it
-    stranded_at: dict[str, int] = field(default_factory=dict)  # where the stranded jobs sit
-    # ... of the stranded and dead-lettered: held when Redis was read before the workers were stopped,
-    # nowhere after (crashbench.run.reading): counted where they were, the stop's doing
-    taken_by_stop: int = 0
-
-    # a trimmed stream (crashbench.evidence.trim): lost jobs whose entry the stream no longer holds by
-    # position (below its first entry at the end), from the entry ids XADD answered at enqueue
-    trimmed: int = 0  # trimmed_unread + trimmed_pending
-    trimmed_unread: int = 0  # ... trimmed before any worker started it
-    trimmed_pending: int = 0  # ... trimmed while delivered and unacknowledged (a worker started it and never ended)
-
-    # the CI gate's own counts: 0 unless something went wrong that nobody injected
-    undrained: int = 0  # jobs still held when the drain gave up (at least 1 when it did); 0 drained
-    # jobs the library and the ledger disagree on: it recorded a failure (or timeout) of a job whose
-    # handler completed, or a success of a job whose handler never completed
-    library_disagrees: int = 0
-    worker_crashes: int = 0  # workers that exited although no fault was aimed at them
-    stuck_workers: int = 0  # worker slots a network fault hit that never started a handler again while jobs waited
-    unrecovered: int = 0  # jobs a fault interrupted (mid-job) that never started again
-    # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
-    held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed
-    acked_during_lag: int = 0  # enqueues the primary acknowledged after its replica stopped following, never completed
-    # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
-    # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
-    not_replicated: int = 0
-    # consumers the streams' groups still held at the harness's final reading (XINFO CONSUMERS): a
-    # name stays until deleted, so without a cleanup each killed consumer is left behind
-    consumers: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """A check of the evidence that failed: crashbench, or the design's report of itself, is wrong.
-    `check` names the check (crashbench.evidence.checks), `ids` the jobs involved (the first 100)."""
-
-    check: str
-    message: str
-    ids: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        shown = f": {', '.join(self.ids[:10])}{' ...' if len(self.ids) > 10 else ''}" if self.ids else ""
-        return f"[{self.check}] {self.message}{shown}"
-
-
-@dataclass(slots=True)
-class TotalQueue:
-    """Jepsen's total-queue checker vocabulary over the same evidence: of the enqueues `attempted`, the
-    `acknowledged` ones that completed (`ok`) or were `lost`; `recovered`: unacknowledged ones that
-    completed all the same; `unexpected`: completed ids never enqueued; `duplicated`: completed more
-    than once. `valid`: nothing lost, nothing unexpected, and no duplicate where the design promises
-    exactly once."""
-
-    attempted: int
-    acknowledged: int
-    ok: int
-    lost: int
-    unexpected: int
-    duplicated: int
-    recovered: int
-    valid: bool
 
 
 def classify(

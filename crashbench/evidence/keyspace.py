@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import redis
 
 from crashbench.designs import Design
-from crashbench.evidence.counts import Problem
 from crashbench.evidence.inspector import key_pieces, types
 from crashbench.evidence.search import Needle
+from crashbench.model.counts import Problem
 from crashbench.model.queue import Located, matches
 from crashbench.model.stored import Snapshot, StoredKey
 from crashbench.run.connect import is_cluster, primaries, spread_pattern

@@ -17,8 +17,8 @@ from typing import Any
 
 from crashbench.errors import CrashbenchError, UsageError
 from crashbench.evidence import tally, verdict
-from crashbench.evidence.counts import Problem
 from crashbench.evidence.timeline import Timeline, TimelineError, read
+from crashbench.model.counts import Problem
 from crashbench.report import store
 from crashbench.report.results import DesignRun, Result, counts_unknown_to, jsonable, network_fields_unknown_to
 from crashbench.run.session import replay_scenario

@@ -23,6 +23,7 @@ from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.timeline import Timeline
+from crashbench.model.counts import Counts
 from crashbench.model.faults import JOB_SAMPLE, NetworkFaultRecord
 from crashbench.report.results import DesignRun, KillRecord, Timings
 from crashbench.scenario import Scenario
@@ -253,7 +254,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRu
     )
 
 
-def _redelivery(tl: Timeline, sc: Scenario, c: counting.Counts, classes: dict) -> evidence.Redelivery:
+def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidence.Redelivery:
     times = [k.at for k in tl.kills] + [nf.at for nf in tl.network]
     if tl.broker_fault is not None:
         times.append(tl.broker_fault.at)

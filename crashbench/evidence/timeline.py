@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from crashbench import files
-from crashbench.evidence.counts import Problem
 from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.evidence.ledger import LedgerProblem
 from crashbench.jobids import JobIds
+from crashbench.model.counts import Problem
 from crashbench.model.faults import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
 from crashbench.model.queue import Located, QueueState, Receipts, StreamEnd
 from crashbench.model.stored import Consumer

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from crashbench.errors import CrashbenchError
-from crashbench.evidence.counts import Counts
+from crashbench.model.counts import Counts
 from crashbench.report import store
 from crashbench.report.results import DesignRun, Result, Stats, counts_unknown_to, jsonable, summarize
 from crashbench.run.session import evaluate

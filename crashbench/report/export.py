@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from crashbench.errors import UsageError
-from crashbench.evidence.counts import Counts, Problem
+from crashbench.model.counts import Counts, Problem
 from crashbench.report import html as html_report
 from crashbench.report.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
 from crashbench.report.svg import depth_chart

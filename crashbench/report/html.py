@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from crashbench.evidence.counts import Counts
 from crashbench.evidence.timeline import Timeline
+from crashbench.model.counts import Counts
 from crashbench.report import lanes, tables
 from crashbench.report.results import DesignRun, Result
 from crashbench.report.results import label as label_of

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from crashbench.bench.results import BenchResult
-from crashbench.evidence.counts import Problem
+from crashbench.model.counts import Problem
 from crashbench.model.faults import NetworkFaultRecord
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.report.results import label as label_of

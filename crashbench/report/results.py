@@ -22,8 +22,8 @@ from typing import Any
 
 from crashbench import __version__, files
 from crashbench.evidence import timeline
-from crashbench.evidence.counts import Counts, Problem, TotalQueue
 from crashbench.evidence.timeline import Timeline
+from crashbench.model.counts import Counts, Problem, TotalQueue
 from crashbench.model.faults import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.model.faults import Fault as Fault
 from crashbench.model.faults import KillRecord as KillRecord

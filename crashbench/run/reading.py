@@ -19,8 +19,8 @@ import redis
 
 from crashbench.designs import Design
 from crashbench.evidence import inspector, keyspace
-from crashbench.evidence.counts import Problem
 from crashbench.evidence.search import Needle
+from crashbench.model.counts import Problem
 from crashbench.model.queue import Located
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crashbench.errors import UsageError
-from crashbench.evidence.counts import Counts
+from crashbench.model.counts import Counts
 from crashbench.report.results import DesignRun, Result, ThresholdResult, group, label
 
 COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
