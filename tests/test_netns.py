@@ -287,24 +287,30 @@ def test_close_leaves_nothing_behind_and_closes_once(server) -> None:
         parts.apply(0, "drop")
 
 
-def test_sweep_removes_what_a_sigkilled_run_left(server) -> None:
-    """A process makes partitions and is SIGKILLed: its namespaces, veths and rules stay, until a sweep
-    (which Partitions.create does first) finds their owner dead."""
+def left_by_a_killed_run(slots: int, drop: bool = False) -> str:
+    """The tag of partitions a forked process made (slot 0 dropped, with `drop`) before it was SIGKILLed."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            parts = netns.Partitions.create(2)
-            parts.apply(0, "drop")
+            parts = netns.Partitions.create(slots)
+            if drop:
+                parts.apply(0, "drop")
             os.write(w, parts.tag.encode())
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
     os.close(w)
     try:
-        tag = os.read(r, 100).decode()
+        return os.read(r, 100).decode()
     finally:
         os.close(r)
         os.waitpid(pid, 0)
+
+
+def test_sweep_removes_what_a_sigkilled_run_left(server) -> None:
+    """A process makes partitions and is SIGKILLed: its namespaces, veths and rules stay, until a sweep
+    (which Partitions.create does first) finds their owner dead."""
+    tag = left_by_a_killed_run(2, drop=True)
     assert tag and leftovers(tag)
     assert tag in netns.sweep()
     assert leftovers(tag) == []
@@ -322,19 +328,7 @@ def test_a_sweep_holds_the_lock_runs_take_their_network_with(monkeypatch: pytest
     names, and the later one failed on what the first had removed: a sweep runs under the lock."""
     import fcntl
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a run that leaves partitions behind
-        try:
-            os.write(w, netns.Partitions.create(1).tag.encode())
-        finally:
-            os.kill(os.getpid(), signal.SIGKILL)
-    os.close(w)
-    try:
-        tag = os.read(r, 100).decode()
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
+    tag = left_by_a_killed_run(1)
     held = []
     real = netns._remove
 
