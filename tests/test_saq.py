@@ -76,8 +76,11 @@ def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
     # A sweep takes its job out of every list before it decides, and decides 5 s later in its worker's
     # memory: a kill landing on that worker meanwhile (the start-up sweep's, here) leaves the job in
     # its body alone, "aborting", which nothing delivers: stranded there.
+    # Once, on a loaded machine, the body said "active" instead: saq's sweeps act on the copies of the
+    # bodies they read as they began (tobymao/saq#124), so two sweeps and a kill interleave more ways
+    # than one. Either way a body no list holds, which nothing delivers.
     assert c.stranded <= 1 and c.done + c.stranded == c.enqueued == 150, run.jobs["stranded"]
-    assert c.stranded_at in ({}, {"no list (aborting)": 1})
+    assert c.stranded_at in ({}, {"no list (aborting)": 1}, {"no list (active)": 1})
     for k in run.kills:
         # Every other killed job ran again: after its sweep's 5 s wait, or sooner when the start-up
         # sweep had taken it already (it retries what it took, whether or not its worker died).
