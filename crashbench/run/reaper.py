@@ -29,14 +29,20 @@ _subreaper = False  # whether this process is a child subreaper (set once, for t
 _lifelines: set[int] = set()  # write ends of this process's watchdog pipes: no child may hold one
 
 
+def stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command's name, from the state on: [0] state, [1] ppid,
+    ..., [19] starttime (Linux). Raises OSError when there is no such process."""
+    with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ppid ... starttime(22nd) ..."
+        return f.read().rsplit(b")", 1)[1].split()
+
+
 def started_at(pid: int) -> float:
     """When `pid` started, for telling apart processes: on Linux its start in clock ticks since boot
     (/proc/PID/stat), which no change of the wall clock moves (psutil's create_time adds the boot time,
     and that moves when the clock is stepped); elsewhere psutil's create_time. Raises psutil.Error, or
     OSError, when there is no such process."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ppid ... starttime(22nd) ..."
-            return float(f.read().rsplit(b")", 1)[1].split()[19])
+        return float(stat_fields(pid)[19])
     except (FileNotFoundError, ProcessLookupError):
         if sys.platform.startswith("linux"):
             raise psutil.NoSuchProcess(pid) from None

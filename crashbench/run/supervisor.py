@@ -42,6 +42,7 @@ from crashbench.run.reaper import (
     die_with_parent,
     end_sessions,
     log_to,
+    stat_fields,
 )
 from crashbench.run.zygote import Zygote
 
@@ -289,8 +290,7 @@ class Supervisor:
             return
         if pid != w.pid:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ppid ..."
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                ppid = int(stat_fields(pid)[1])
             except (OSError, ValueError, IndexError):
                 return
             if ppid != w.pid:
