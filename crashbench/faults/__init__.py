@@ -57,9 +57,9 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from crashbench.faults import registry
+from crashbench.faults.family import DEFAULT_KIND
 from crashbench.faults.network import PARTITION_TOXICS as PARTITION_TOXICS  # re-exported
 from crashbench.faults.network import network_option as network_option
-from crashbench.faults.servers import BROKER_KINDS
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_KINDS
 from crashbench.model.faults import Fault as Fault
 
@@ -100,22 +100,19 @@ def parse_entries(entries: list[Any], values: dict[str, Any], problems: list[str
         if not isinstance(entry, dict):
             problems.append(f"[[faults]] entry {n} must be a table")
             continue
-        kind, family = entry.get("kind", "signal"), registry.owner(entry)
+        kind, family = entry.get("kind", DEFAULT_KIND), registry.owner(entry)
         if family is None:
             problems.append(f"[[faults]] entry {n}: kind must be {', '.join(registry.kinds())}, not {kind!r}")
             continue
-        for_kind = "" if family.name == "signal" else f" for {kind}"
+        for_kind = "" if kind == DEFAULT_KIND else f" for {kind}"
         problems += [f"[[faults]] entry {n}: unknown key {k!r}{for_kind} (known: {', '.join(family.keys)})"
                      for k in entry if k not in family.keys]  # fmt: skip
-        if family.fields:
+        if family.fields is not None:
             if "fault" in values:
                 problems.append(f"[[faults]] entry {n}: a run has at most one broker fault")
-            values["fault"] = BROKER_KINDS[kind]
-            values.update({field: entry[k] for k, field in family.fields.items() if k in entry})
-        elif family.name == "signal":
-            schedule.append({k: v for k, v in entry.items() if k != "kind"})
-        else:
-            schedule.append(dict(entry))
+            values.update(family.fields(entry))
+        else:  # the default kind is left unnamed, as in a scenario that never named it (its fingerprint)
+            schedule.append({k: v for k, v in entry.items() if (k, v) != ("kind", DEFAULT_KIND)})
     values["schedule"] = tuple(schedule)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from crashbench.model.faults import Fault
@@ -43,6 +43,7 @@ class FaultRun(Protocol):
 
 
 Entry = dict[str, Any]
+DEFAULT_KIND = "signal"  # an entry that names no kind: a worker signal
 # The scenario (crashbench.scenario.Scenario), as the hooks are given it: named, not imported, since
 # the scenario's parser reads the families (faults sit above the scenario, which only they may know).
 Spec = Any
@@ -84,8 +85,9 @@ class FaultFamily:
     section_first: bool = False  # its section is drawn before the entries (the seed's order)
     # An entry's faults, numbered from `start`; the seed drawn in the entries' order.
     plan: Callable[[Entry, int, Spec, random.Random], list[Fault]] = no_entry_faults
-    # Entry keys that set scenario fields instead of joining the schedule ([broker] faults: one per run).
-    fields: dict[str, str] = field(default_factory=dict)
+    # The scenario fields an entry sets instead of joining the schedule ([broker] faults: one per run);
+    # None: its entries join the schedule.
+    fields: Callable[[Entry], dict[str, Any]] | None = None
     # The driver that injects and heals its faults, built from the run once its workers run; None: none.
     driver: Callable[[FaultRun], Driver | None] = no_driver
     # It faults the server: in each tick its driver steps after the producer's enqueue, which its fault
@@ -95,4 +97,4 @@ class FaultFamily:
     history: Callable[[Driver], dict[str, Any]] = no_history
 
     def owns(self, entry: Entry) -> bool:
-        return entry.get("kind", "signal") in self.kinds
+        return entry.get("kind", DEFAULT_KIND) in self.kinds

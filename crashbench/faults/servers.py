@@ -10,17 +10,22 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, FaultFamily, FaultRun, Spec
+from crashbench.faults.family import Driver, Entry, FaultFamily, Spec
 from crashbench.model.faults import Fault
 
 KEYS = ("kind", "at", "downtime")
-FIELDS = {"at": "fault_at", "downtime": "downtime"}  # an entry's keys are the [broker] section's
 CLUSTER_KINDS = (
     "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover", "cluster-partition",
 )  # fmt: skip
 # [[faults]] kind -> [broker] fault (a cluster fault's kind is its own name)
 BROKER_KINDS = {"broker-kill": "kill", "failover": "failover", **{k: k for k in CLUSTER_KINDS}}
 WITH_DOWNTIME = ("broker-kill", "cluster-kill", "cluster-partition")
+
+
+def fields(entry: Entry) -> dict[str, Any]:
+    """An entry's [broker] section: its fault, and its `at` and `downtime` where it gives them."""
+    named = {field: entry[key] for key, field in (("at", "fault_at"), ("downtime", "downtime")) if key in entry}
+    return {"fault": BROKER_KINDS[entry["kind"]], **named}
 
 
 def _section(kinds: tuple[str, ...]) -> Any:
@@ -33,30 +38,25 @@ def _section(kinds: tuple[str, ...]) -> Any:
     return section
 
 
-def _broker_driver(run: FaultRun) -> Driver | None:
-    from crashbench.faults.cluster import ClusterBroker
-    from crashbench.faults.injector import BrokerFaults
+def _driver(on_cluster: bool) -> Any:
+    """The driver of one server's faults (BrokerFaults) or of a cluster shard's (ClusterFaults), for a run
+    that has that server and a producer."""
 
-    if run.broker is None or run.producer is None or isinstance(run.broker, ClusterBroker):  # type: ignore[attr-defined]
-        return None
-    return _started(BrokerFaults, run)
+    def driver(run: Any) -> Driver | None:
+        from crashbench.faults.cluster import ClusterBroker, ClusterFaults
+        from crashbench.faults.injector import BrokerFaults
 
+        if run.broker is None or run.producer is None or isinstance(run.broker, ClusterBroker) != on_cluster:
+            return None
+        cls = ClusterFaults if on_cluster else BrokerFaults
+        d = cls(
+            run.planned, run.broker, run.producer, run.sc.replica_lag, run.sc.persistence, run.locate,
+            run.reconnect, run.mark, run.clock,
+        )  # fmt: skip
+        d.t0 = run.t0
+        return d
 
-def _cluster_driver(run: FaultRun) -> Driver | None:
-    from crashbench.faults.cluster import ClusterBroker, ClusterFaults
-
-    if run.producer is None or not isinstance(run.broker, ClusterBroker):  # type: ignore[attr-defined]
-        return None
-    return _started(ClusterFaults, run)
-
-
-def _started(cls: Any, run: Any) -> Driver:
-    d = cls(
-        run.planned, run.broker, run.producer, run.sc.replica_lag, run.sc.persistence, run.locate,
-        run.reconnect, run.mark, run.clock,
-    )  # fmt: skip
-    d.t0 = run.t0
-    return d  # type: ignore[no-any-return]
+    return driver
 
 
 def history(d: Driver) -> dict[str, Any]:
@@ -73,9 +73,9 @@ BROKER = FaultFamily(
     kinds=("broker-kill", "failover"),
     keys=KEYS,
     section=_section(("broker-kill", "failover")),
-    fields=FIELDS,
+    fields=fields,
     on_server=True,
-    driver=_broker_driver,
+    driver=_driver(on_cluster=False),
     history=history,
 )
 CLUSTER = FaultFamily(
@@ -84,8 +84,8 @@ CLUSTER = FaultFamily(
     kinds=CLUSTER_KINDS,
     keys=KEYS,
     section=_section(CLUSTER_KINDS),
-    fields=FIELDS,
+    fields=fields,
     on_server=True,
-    driver=_cluster_driver,
+    driver=_driver(on_cluster=True),
     history=history,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, Entry, FaultFamily, FaultRun, Spec
+from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun, Spec
 from crashbench.model.faults import Fault
 
 KILL_WHEN = ("mid-job", "any")
@@ -89,7 +89,7 @@ def history(d: Driver) -> dict[str, Any]:
 FAMILY = FaultFamily(
     name="signal",
     summary="a signal to a worker process: SIGKILL, SIGTERM, SIGSTOP (a pause), ...; mid-job or on the clock",
-    kinds=("signal",),
+    kinds=(DEFAULT_KIND,),
     keys=KEYS,
     problems=problems,
     section=periodic,
