@@ -100,9 +100,7 @@ def _runs_of(runs: Executions, jobs: set[str]) -> dict[str, list[Execution]]:
 def _kills(h: History, before: Sections) -> Section:
     """Each kill's verdict settled from the final ledger (crashbench.evidence.kills): on copies, so the
     timeline stays as recorded; the later checkers fill in their derived figures."""
-    records = killing.settle(h.timeline.kills, h.runs)
-    counts = {"kills": len(records), "kills_mid_job": sum(k.mid_job for k in records)}
-    return Section("kills", counts=counts, facts={"records": records})
+    return Section("kills", facts={"records": killing.settle(h.timeline.kills, h.runs)})  # counted in outcomes
 
 
 @checker("evidence")
