@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from crashbench.report.results import DesignRun, Result
+from crashbench.model.results import DesignRun, Result
 
 
 def spread(values: list[float], fmt: Callable[[float], str] = lambda v: f"{v:g}") -> str:

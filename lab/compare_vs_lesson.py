@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from crashbench.run.server import EmbeddedServer, find_server_binary
+from crashbench.control.server import EmbeddedServer, find_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 

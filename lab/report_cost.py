@@ -8,11 +8,11 @@ import statistics
 import sys
 import time
 
-from crashbench.evidence.ledger import Execution
-from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
 from crashbench.model.faults import KillRecord
+from crashbench.model.ledger import Execution
+from crashbench.model.results import Environment, Result
+from crashbench.model.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
 from crashbench.report import html
-from crashbench.report.results import Environment, Result
 
 SIZES = (2_000, 1_000_000)
 WORKERS = 4

@@ -13,9 +13,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from designs_saboteur import PHANTOMS, planted  # noqa: E402
 
+from crashbench.model.spec import Scenario  # noqa: E402
 from crashbench.model.workload import job_ids  # noqa: E402
 from crashbench.run.session import Options, run_designs  # noqa: E402
-from crashbench.scenario import Scenario  # noqa: E402
 
 JOBS = 2000
 

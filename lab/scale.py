@@ -38,9 +38,9 @@ from pathlib import Path
 
 import psutil
 
-from crashbench.evidence import recount
-from crashbench.evidence.timeline import Timeline
 from crashbench.model.faults import KillRecord
+from crashbench.model.timeline import Timeline
+from crashbench.report import recount
 
 RUNS = Path("results/scale")
 SCENARIO = Path(__file__).with_name("scale.toml")

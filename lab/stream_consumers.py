@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from crashbench.report.results import DesignRun, Result
+from crashbench.model.results import DesignRun, Result
 
 RECOVERY_INTERVAL = 0.5  # the default scenario's; the churn runs kill every 0.2 s
 SHORT = {"designs_consumers:StreamKeepsConsumers": "stream, no cleanup"}

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import redis
 
+from crashbench.control.server import EmbeddedServer, describe, find_server_binary
 from crashbench.designs import Design, load_design
 from crashbench.model.queue import DesignSettings
+from crashbench.model.results import DesignRun, Result
 from crashbench.model.workload import job_ids, jobs_for
-from crashbench.report.results import DesignRun, Result
-from crashbench.run.server import EmbeddedServer, describe, find_server_binary
 
 JOBS = 20_000
 CHUNK = 500  # jobs enqueued, then every one fetched and acknowledged, at a time

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 from crashbench import scenario
-from crashbench.evidence import timeline
+from crashbench.model import timeline
 from crashbench.run.runner import CrashRun
 from crashbench.run.session import Options, run_designs
+from crashbench.scenario import with_overrides
 
 REPEATS = 3
 CASES = (
@@ -27,7 +28,7 @@ CASES = (
 
 def one(design: str, overrides: dict[str, object], with_log: bool, out: Path) -> tuple[float, int, float]:
     """(wall seconds of the run and its save, timeline bytes, seconds writing the timeline)."""
-    sc = scenario.load("default").with_overrides(**overrides)
+    sc = with_overrides(scenario.load("default"), **overrides)
     CrashRun.DEPTH_EVERY = 0.25 if with_log else float("inf")
     started = time.perf_counter()
     result = run_designs(sc, [design], Options())

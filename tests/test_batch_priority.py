@@ -15,16 +15,16 @@ from typing import Any, ClassVar
 import pytest
 import redis
 
+from crashbench.control.lease import namespace
+from crashbench.control.server import cleanup_keys
 from crashbench.designs.priority import Priority, PriorityQueue, priority_of
 from crashbench.designs.reliable_batch import ReliableBatchQueue
 from crashbench.designs.stream_batch import StreamBatchQueue
-from crashbench.evidence.ledger import Execution, Ledger
+from crashbench.model.ledger import Execution, Ledger
 from crashbench.model.queue import DesignSettings, Job
-from crashbench.report.results import DesignRun
-from crashbench.run.lease import namespace
-from crashbench.run.server import cleanup_keys
+from crashbench.model.results import DesignRun
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 SETTINGS = DesignSettings(stale_after=10.0, recover_every=1.0, max_attempts=3, batch_size=10)
 HIGH_FROM = 500  # LastJobsHigh marks the jobs from this index on (the last 100 of `small`'s 600) high

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.bench import BenchSettings, measure, memory, restarts
-from crashbench.run.server import ServerInfo
+from crashbench.control.server import ServerInfo
 
 
 @pytest.fixture

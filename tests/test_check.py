@@ -13,9 +13,9 @@ import pytest
 
 from crashbench.errors import ExitCode
 from crashbench.model.counts import Problem
-from crashbench.report.results import DesignRun, summarize
+from crashbench.model.results import DesignRun, summarize
+from crashbench.model.spec import Scenario
 from crashbench.run.session import evaluate
-from crashbench.scenario import Scenario
 from tests.test_cli import SMALL, assert_clean_error, crashbench, crashbench_here
 from tests.test_export import SCENARIO, result, run
 

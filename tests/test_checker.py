@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import ExitCode, UnexpectedError
-from crashbench.evidence import recount, tally
+from crashbench.evidence import tally
 from crashbench.evidence.checker import History, Section, Sections, checker, compose, crashed, merged_counts
-from crashbench.evidence.timeline import Timeline
-from crashbench.report.results import Result
+from crashbench.model.results import Result
+from crashbench.model.timeline import Timeline
+from crashbench.report import recount
 
 ROOT = Path(__file__).resolve().parent.parent
 SAVED = ROOT / "results" / "readme" / "20261203-064521-33bd600d-compare-default-naive-reliable-stream.json"

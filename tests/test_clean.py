@@ -11,10 +11,10 @@ import redis
 from click.testing import CliRunner
 
 from crashbench.cli import cli
+from crashbench.control import lease
 from crashbench.errors import ExitCode
-from crashbench.run import lease
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 
 @pytest.fixture

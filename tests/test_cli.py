@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from crashbench.control import workdirs
 from crashbench.errors import ExitCode
-from crashbench.run import workdirs
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--jobs", "600", "--job-ms", "5", "--interval", "0.1", "--stale-after", "0.3", "--recover-every", "0.05"]

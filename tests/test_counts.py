@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.evidence import recount
 from crashbench.evidence.counts import count, total_queue
-from crashbench.evidence.ledger import Execution
+from crashbench.model.ledger import Execution
 from crashbench.model.queue import DesignSettings, Located, QueueState, carry
+from crashbench.model.results import SCHEMA
 from crashbench.model.workload import Workload, job_ids
-from crashbench.report import store
-from crashbench.report.results import SCHEMA
+from crashbench.report import recount, store
 
 
 def ex(job: str, done: bool = True, start: float = 1.0, failed: bool = False) -> Execution:

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from crashbench.errors import RunAborted, UnexpectedError
-from crashbench.report.results import DesignRun
+from crashbench.model.results import DesignRun
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 
 def assert_evidence_agrees(run: DesignRun) -> None:

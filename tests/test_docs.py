@@ -91,8 +91,8 @@ def test_the_smallest_design_of_the_guide_runs_and_loses_one_job_per_mid_job_kil
     import sys
     import types
 
+    from crashbench.model.spec import Scenario
     from crashbench.run.session import Options, run_designs
-    from crashbench.scenario import Scenario
 
     guide = (ROOT / "docs" / "how-to" / "your-own-design.md").read_text()
     code = guide.split("```python\n", 1)[1].split("```", 1)[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from crashbench.evidence.checks import Evidence, KillFact, Redelivery, check, requeues
-from crashbench.evidence.ledger import Execution, Executions, LedgerProblem
+from crashbench.model.ledger import Execution, Executions, LedgerProblem
 from crashbench.model.queue import Located, QueueState
 
 IDS = ["a", "b", "c", "d"]

@@ -34,17 +34,17 @@ ALLOWED_EXITS = {
     ("cli/common.py", "report"): "cli_gate.exit_code: an ExitCode from the result's status",
     ("cli/__init__.py", "main"): "gate.run_cli: an ExitCode around click's own exits",
     ("console.py", "main"): "INTERRUPTED, ExitCode.INTERRUPTED's value (the test below): a signal while it imports",
-    ("run/supervisor.py", "_run"): "a forked worker child ends with os._exit, never returning into the runner",
-    ("run/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
-    ("run/zygote.py", "start"): "the forked fork server ends with os._exit, never returning into the runner",
-    ("run/zygote.py", "_become_zygote"): "likewise, when its parent died before it could watch it",
-    ("run/zygote.py", "_fork_spare"): "the fork server's intermediate child, and a spare whose worker returned",
-    ("run/zygote.py", "_spare"): "a spare never given work, or whose runner died before it was handed over",
-    ("run/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
-    ("faults/proxy.py", "<module>"): "the network fault proxy's own process (python -m): crashbench reads its status",
+    ("control/supervisor.py", "_run"): "a forked worker child ends with os._exit, never returning into the runner",
+    ("control/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
+    ("control/zygote.py", "start"): "the forked fork server ends with os._exit, never returning into the runner",
+    ("control/zygote.py", "_become_zygote"): "likewise, when its parent died before it could watch it",
+    ("control/zygote.py", "_fork_spare"): "the fork server's intermediate child, and a spare whose worker returned",
+    ("control/zygote.py", "_spare"): "a spare never given work, or whose runner died before it was handed over",
+    ("control/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
+    ("control/proxy.py", "<module>"): "the network fault proxy's own process (python -m): crashbench reads its status",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
-WORKER_MODULES = {"run/worker.py", "run/task.py"}
+WORKER_MODULES = {"run/worker.py", "designs/handler.py"}
 
 
 def exits_in(path: Path) -> list[tuple[str, str, str]]:

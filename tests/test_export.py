@@ -14,8 +14,8 @@ import pytest
 
 from crashbench.errors import UsageError
 from crashbench.model.counts import Counts, Problem
+from crashbench.model.results import DesignRun, Environment, Result, ThresholdResult, Timings
 from crashbench.report.export import CSV_COLUMNS, check_paths, csv_text, junit, markdown, write_exports
-from crashbench.report.results import DesignRun, Environment, Result, ThresholdResult, Timings
 
 ENV = Environment(
     crashbench="0.1.0",
@@ -248,7 +248,7 @@ def test_junit_evidence_problems_are_errors_with_every_id() -> None:
 
 
 def test_an_undrained_run_no_longer_makes_a_result_inconclusive_by_itself() -> None:
-    # The default threshold undrained == 0 (crashbench.scenario.thresholds) judges it now; a result whose
+    # The default threshold undrained == 0 (crashbench.model.thresholds) judges it now; a result whose
     # thresholds all passed is a pass, and JUnit adds no testcase of its own for it.
     res = result([run("slow", undrained=3)], [threshold("slow", "lost == 0", "pass", 0, 0)])
     assert res.status == "pass"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.model.results import DesignRun
+from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids
-from crashbench.report.results import DesignRun
 from crashbench.run.session import Options, run_designs, run_sweep
-from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
 

@@ -13,8 +13,9 @@ import pytest
 from crashbench import faults
 from crashbench.faults import registry
 from crashbench.faults.family import FaultFamily, FaultRun
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario, ScenarioError, parse
+from crashbench.scenario import ScenarioError, parse
 
 
 def test_every_kind_has_one_family_and_every_family_takes_a_kind() -> None:

@@ -1,4 +1,4 @@
-"""Freezing a worker's process tree (crashbench.run.supervisor.Supervisor.freeze): every process in
+"""Freezing a worker's process tree (crashbench.control.supervisor.Supervisor.freeze): every process in
 it is stopped by the kernel before a fault reads its time, also a child the worker forked between
 the tree's first listing and its own stop (an RQ work horse for the next job): a missed one ran its
 job on through the fault and finished it (a mid-job kill with nothing interrupted)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from crashbench.run.supervisor import Supervisor
+from crashbench.control.supervisor import Supervisor
 
 
 def forking_worker(tmp_path: Path) -> Callable[[str, int], Callable[[], int]]:

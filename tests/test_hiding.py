@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_recounts
 
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 ASIDE = 60  # of 600 jobs, n % 10 == 3
 

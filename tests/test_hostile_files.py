@@ -102,8 +102,7 @@ def test_a_result_and_its_timeline_are_written_under_one_lock(tmp_path: Path, mo
     import fcntl
     import os
 
-    from crashbench.evidence import timeline
-    from crashbench.report import results
+    from crashbench.model import results, timeline
 
     for p in (README_RESULT, README_RESULT.with_name(README_RESULT.stem + ".timeline.jsonl.gz")):
         shutil.copy(p, tmp_path / p.name)
@@ -130,6 +129,6 @@ def test_a_result_and_its_timeline_are_written_under_one_lock(tmp_path: Path, mo
 
 
 def recount_timelines(path: Path, result):  # type: ignore[no-untyped-def]
-    from crashbench.evidence import recount
+    from crashbench.report import recount
 
     return recount.timelines_of(path, result)

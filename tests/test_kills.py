@@ -9,11 +9,11 @@ import signal
 
 import pytest
 
-from crashbench.evidence.executions import Execution, Executions
 from crashbench.evidence.kills import caught, recovery_ms, settle
+from crashbench.model.executions import Execution, Executions
 from crashbench.model.faults import KillRecord
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 
 
 def kill(signal: str, at: float, claimed: list[str], worker: str = "w0", child: int = 0) -> KillRecord:
@@ -123,7 +123,7 @@ def test_a_worker_starts_with_the_fault_signals_crashbench_itself_may_ignore_at_
 
 
 def test_the_signals_reset_in_workers_are_every_fault_signal_a_process_can_ignore() -> None:
-    from crashbench.run.supervisor import DEFAULT_IN_WORKERS
+    from crashbench.control.supervisor import DEFAULT_IN_WORKERS
     from crashbench.scenario.settings import FAULT_SIGNALS
 
     ignorable = {signal.Signals[s] for s in FAULT_SIGNALS} - {signal.SIGKILL, signal.SIGSTOP}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.evidence import ledger as ledger_module
-from crashbench.evidence.ledger import Ledger, LedgerWriter
+from crashbench.model import ledger as ledger_module
+from crashbench.model.ledger import Ledger, LedgerWriter
 
 
 def ledger_with(tmp_path: Path, *workers: str) -> Ledger:

@@ -17,8 +17,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from crashbench.control.server import EmbeddedServer, find_server_binary
 from crashbench.faults import netns
-from crashbench.run.server import EmbeddedServer, find_server_binary
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
 pytestmark = pytest.mark.slow

@@ -16,14 +16,15 @@ import pytest
 import redis
 
 from crashbench import faults
+from crashbench.control.proxyctl import ProxyProcess, proxy_for
 from crashbench.errors import UsageError
 from crashbench.faults import netns
-from crashbench.faults.proxyctl import ProxyProcess, proxy_for
 from crashbench.model.queue import Job
+from crashbench.model.spec import Scenario
 from crashbench.report import html
 from crashbench.run.producer import Through
 from crashbench.run.session import Options, run_designs, run_sweep
-from crashbench.scenario import Scenario
+from crashbench.scenario import problems_of
 from tests.conftest import assert_recounts
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
@@ -144,7 +145,7 @@ def test_a_network_fault_the_proxy_cannot_make_is_refused(
 ) -> None:
     fault = {"kind": "network", "toxic": "timeout", "at": 0.5, **entry}
     sc = dataclasses.replace(small, schedule=(fault,), fault=broker)
-    assert any(problem in p for p in sc.problems()), sc.problems()
+    assert any(problem in p for p in problems_of(sc)), problems_of(sc)
 
 
 def test_an_enqueue_through_the_proxy_that_never_returns_is_abandoned_with_its_design() -> None:
@@ -177,7 +178,7 @@ def test_an_enqueue_through_the_proxy_that_never_returns_is_abandoned_with_its_d
 def test_a_run_uses_the_proxy_or_partitions_not_both(small: Scenario) -> None:
     drop = {"kind": "network", "toxic": "drop", "at": 0.5, "duration": 0.5}
     slow = {"kind": "network", "toxic": "latency", "latency": 100, "at": 0.5}
-    problems = dataclasses.replace(small, schedule=(drop, slow)).problems()
+    problems = problems_of(dataclasses.replace(small, schedule=(drop, slow)))
     assert any("the proxy's toxics or network partitions" in p for p in problems), problems
     assert netns.RULES == faults.PARTITION_TOXICS  # one vocabulary, checked where it is parsed
 

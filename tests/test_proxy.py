@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.control.proxyctl import ProxyProcess
 from crashbench.errors import RunAborted
-from crashbench.faults.proxyctl import ProxyProcess
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
 pytestmark = pytest.mark.slow

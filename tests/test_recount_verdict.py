@@ -18,10 +18,9 @@ from click.testing import Result as Invoked
 
 from crashbench.cli import cli
 from crashbench.errors import ExitCode
-from crashbench.evidence import recount
-from crashbench.report import store
+from crashbench.model.thresholds import parse
+from crashbench.report import recount, store
 from crashbench.run.session import evaluate
-from crashbench.scenario.thresholds import parse
 from tests.test_check import saved_result
 from tests.test_export import run
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from crashbench.evidence.ledger import Execution
-from crashbench.evidence.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
+from crashbench.model import thresholds
 from crashbench.model.faults import KillRecord
+from crashbench.model.ledger import Execution
+from crashbench.model.results import Environment, Result
+from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
 from crashbench.report import html, svg
-from crashbench.report.results import Environment, Result
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario, thresholds
 
 
 class Page(HTMLParser):

@@ -15,9 +15,10 @@ import redis
 from designs_saboteur import PHANTOMS, GhostState, planted
 
 from crashbench.errors import UnexpectedError
+from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
+from crashbench.scenario import with_overrides
 from tests import independent
 
 
@@ -110,7 +111,7 @@ def test_requeues_without_requeue_events_are_caught(valkey_url: str, small: Scen
 @pytest.mark.slow
 def test_requeue_events_the_ledger_cannot_account_for_are_caught(valkey_url: str, small: Scenario) -> None:
     # 1,200 jobs: work left for the fifth mid-job kill however late a loaded machine runs it.
-    sc = small.with_overrides(jobs=1200)
+    sc = with_overrides(small, jobs=1200)
     run = run_designs(sc, ["designs_saboteur:InflatedRequeueEvents"], Options(redis_url=valkey_url)).runs[0]
     assert run.counts.requeue_events == 100 * run.counts.redeliveries == 500
     assert set(checks(run)) == {"requeue_events_unfounded"}

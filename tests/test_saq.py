@@ -15,9 +15,9 @@ import redis
 
 from crashbench.designs import library_settings, load_design
 from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.spec import Scenario
 from crashbench.model.stored import Snapshot, StoredKey
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 from tests.test_worker_python import arq_python
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).

@@ -15,6 +15,7 @@ from crashbench.errors import ScenarioError, UsageError
 from crashbench.faults import Fault, plan
 from crashbench.run.session import sweep_values
 from crashbench.scenario import files as scenario_files
+from crashbench.scenario import with_overrides
 from tests.test_cli import crashbench_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,10 +73,10 @@ def test_unknown_scenario_names_the_known_ones() -> None:
 
 
 def test_overrides_replace_and_are_validated() -> None:
-    sc = scenario.load("default").with_overrides(kills=2, signal="term", jobs=None)
+    sc = with_overrides(scenario.load("default"), kills=2, signal="term", jobs=None)
     assert (sc.kills, sc.signal, sc.jobs) == (2, "SIGTERM", 2000)
     with pytest.raises(ScenarioError, match=r"workload\.workers"):
-        sc.with_overrides(workers=0)
+        with_overrides(sc, workers=0)
 
 
 def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: Path) -> None:
@@ -96,7 +97,7 @@ def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: 
 def test_same_seed_same_schedule_other_seed_other_victims() -> None:
     sc = scenario.Scenario(kills=20, workers=4)
     assert plan(sc) == plan(sc)
-    other = plan(sc.with_overrides(seed=2))
+    other = plan(with_overrides(sc, seed=2))
     assert [k.slot for k in other] != [k.slot for k in plan(sc)]
     assert [k.at for k in plan(sc)][:3] == [0.5, 1.0, 1.5]
 
@@ -207,7 +208,7 @@ def test_every_numeric_override_refuses_nan_and_infinity() -> None:
         bad = [math.nan, math.inf, -math.inf, True, "1", 2**64] + ([1.5] if bound.whole else [])
         for value in bad:
             with pytest.raises(ScenarioError, match=rf"\.{name} "):
-                sc.with_overrides(**{name: value})
+                with_overrides(sc, **{name: value})
 
 
 @pytest.mark.parametrize(
@@ -284,7 +285,7 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
     assert faults[0].end is None and all(0 <= f.slot < 3 for f in faults if f.on_worker)
     assert plan(sc) == faults  # seeded
     # The command line adds a periodic group: it draws its slots first, the entries keep their times.
-    more = plan(sc.with_overrides(kills=2, interval=0.25))
+    more = plan(with_overrides(sc, kills=2, interval=0.25))
     assert [f.at for f in more if f.signal == "SIGKILL" and f.on_worker] == [0.25, 0.5]
     assert sorted(f.at for f in more if f.signal == "SIGTERM") == [0.4, 0.7, 1.0]
 
@@ -372,9 +373,9 @@ def test_the_network_option_is_a_faults_entry_from_the_command_line() -> None:
 
 
 def test_a_socket_timeout_within_the_workers_pop_is_refused() -> None:
-    assert scenario.Scenario(socket_timeout=0).problems() == []  # none: the hang, on purpose
-    assert scenario.Scenario(socket_timeout=0.5).problems() == []
-    problems = scenario.Scenario(socket_timeout=0.05).problems()
+    assert scenario.problems_of(scenario.Scenario(socket_timeout=0)) == []  # none: the hang, on purpose
+    assert scenario.problems_of(scenario.Scenario(socket_timeout=0.5)) == []
+    problems = scenario.problems_of(scenario.Scenario(socket_timeout=0.05))
     assert problems == ["queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop (0.1 s)"]
 
 

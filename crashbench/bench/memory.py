@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from crashbench.bench.results import Memory
-from crashbench.run import connect
-from crashbench.run.server import ServerInfo
+from crashbench.control import connect
+from crashbench.control.server import ServerInfo
+from crashbench.model.bench import Memory
 
 
 def memory(server: ServerInfo, jobs: int, tag: str, check: Callable[[], None] = lambda: None) -> list[Memory]:

@@ -1,4 +1,4 @@
-"""`crashbench bench --proxy`: what the network fault proxy (crashbench.faults.proxy) costs with no toxic
+"""`crashbench bench --proxy`: what the network fault proxy (crashbench.control.proxy) costs with no toxic
 on. The reliable design's jobs/s with its workers connected to the server directly and through the
 proxy, one slot each, as a run with network faults connects them: with 0 ms jobs, where the queue's
 round trips are all there is (the worst case), and with 10 ms jobs. Each figure is bench's throughput
@@ -14,10 +14,10 @@ import shutil
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 
-from crashbench.bench.results import BenchSettings, ProxyCost, stats
-from crashbench.faults.proxyctl import ProxyProcess, proxy_for
-from crashbench.run import workdirs
-from crashbench.run.server import ServerInfo
+from crashbench.control import workdirs
+from crashbench.control.proxyctl import ProxyProcess, proxy_for
+from crashbench.control.server import ServerInfo
+from crashbench.model.bench import BenchSettings, ProxyCost, stats
 
 DESIGN = "reliable"
 WORKERS = 4  # a crash run's default

@@ -1,7 +1,7 @@
 """`crashbench clean`: list the run namespaces on a server and remove those whose run is gone.
 
 A run on a server crashbench did not start keeps `crashbench:{<run-id>}:alive` while it lives
-(crashbench.run.lease); a SIGKILLed run leaves its keys behind until their safety expiry. Only keys under
+(crashbench.control.lease); a SIGKILLed run leaves its keys behind until their safety expiry. Only keys under
 a run's namespace are ever read or removed; without --yes nothing is removed at all.
 """
 
@@ -15,11 +15,11 @@ from redis.exceptions import RedisClusterException
 from rich.table import Table
 
 from crashbench.cli import common as base
+from crashbench.control import connect
+from crashbench.control.lease import Namespace, namespaces
+from crashbench.control.server import cleanup_keys
 from crashbench.errors import ServerUnavailable
-from crashbench.run import connect
-from crashbench.run.lease import Namespace, namespaces
-from crashbench.run.redact import redact_text
-from crashbench.run.server import cleanup_keys
+from crashbench.redact import redact_text
 
 
 def _finite(v: float) -> float:

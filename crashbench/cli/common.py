@@ -20,11 +20,13 @@ from crashbench import __version__, faults
 from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
-from crashbench.evidence import recount
+from crashbench.model import thresholds
+from crashbench.model.results import Result
+from crashbench.model.spec import Scenario
+from crashbench.model.thresholds import Threshold
 from crashbench.model.workload import DISTRIBUTIONS
-from crashbench.report import export, store
+from crashbench.report import export, recount, store
 from crashbench.report.render import progress_line, result_table
-from crashbench.report.results import Result
 from crashbench.run.progress import Progress
 from crashbench.run.runner import StopFlag
 from crashbench.run.session import Options
@@ -36,10 +38,8 @@ from crashbench.scenario import (
     PERSISTENCE,
     PRODUCE,
     STREAM_TRIM,
-    Scenario,
-    thresholds,
+    with_overrides,
 )
-from crashbench.scenario.thresholds import Threshold
 
 # Not on a terminal (a CI log, a pipe) or with --plain: as wide as the text, so that no header, label,
 # id or path is ever cut to fit 80 columns; a terminal's own width otherwise.
@@ -248,7 +248,7 @@ def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
 
 def build_scenario(opts: dict[str, Any]) -> Scenario:
     base = scenarios.load(opts["scenario_name"])
-    sc = base.with_overrides(**{field: opts[field] for _, field, _, _ in OVERRIDES})
+    sc = with_overrides(base, **{field: opts[field] for _, field, _, _ in OVERRIDES})
     entries = []
     for text in opts.get("network", ()):
         try:
@@ -257,7 +257,7 @@ def build_scenario(opts: dict[str, Any]) -> Scenario:
             raise UsageError(
                 f"--network {text!r}: {exc}", hint="e.g. --network toxic=timeout,at=1,duration=2"
             ) from None
-    return sc.with_overrides(schedule=(*sc.schedule, *entries)) if entries else sc
+    return with_overrides(sc, schedule=(*sc.schedule, *entries)) if entries else sc
 
 
 def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, ...]:

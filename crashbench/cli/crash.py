@@ -22,12 +22,10 @@ from crashbench.cli.common import (
 )  # fmt: skip
 from crashbench.designs import BUILTIN, load_design
 from crashbench.errors import CrashbenchError, UsageError
+from crashbench.model.spec import Scenario
 from crashbench.report import store
 from crashbench.run.session import BUILTIN_ORDER, evaluate, run_designs, run_sweep
-from crashbench.scenario import (
-    SWEEPABLE,
-    Scenario,
-)
+from crashbench.scenario import SWEEPABLE
 
 DESIGN_HELP = f"Design to test: {', '.join(BUILTIN)}, or package.module:Class."
 

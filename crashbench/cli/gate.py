@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from crashbench.errors import CrashbenchError, ExitCode, Interrupted
-from crashbench.evidence.recount import NOT_REPRODUCED, VERDICT_NOT_REPRODUCED
-from crashbench.report.results import Result
-from crashbench.report.results import label as label_of
-from crashbench.scenario.thresholds import unchecked
+from crashbench.model.results import Result
+from crashbench.model.results import label as label_of
+from crashbench.model.thresholds import unchecked
+from crashbench.report.recount import NOT_REPRODUCED, VERDICT_NOT_REPRODUCED
 
 EXIT_FOR_STATUS = {
     "pass": ExitCode.OK,
@@ -40,7 +40,7 @@ def explain(result: Result, err: Console, allow_unchecked: bool) -> None:
     """On stderr: every evidence problem with all its ids (the table shows the first ten), and the
     designs a gate that does not allow it found unchecked."""
     if result.problems:
-        # A saved result its own record does not reproduce (crashbench.evidence.recount): the file, not
+        # A saved result its own record does not reproduce (crashbench.report.recount): the file, not
         # the design or crashbench, is what is wrong.
         edited = {p.check for p in result.problems} <= {NOT_REPRODUCED, VERDICT_NOT_REPRODUCED}
         why = (

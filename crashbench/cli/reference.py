@@ -25,7 +25,7 @@ from crashbench.designs import Design
 from crashbench.errors import ExitCode
 from crashbench.faults import registry
 from crashbench.model.counts import Counts
-from crashbench.scenario import Scenario
+from crashbench.model.spec import Scenario
 from crashbench.scenario.settings import CHOICES, NUMBERS, SECTIONS
 
 HEADER = """\
@@ -123,7 +123,7 @@ def commands() -> Iterator[str]:
 
 def scenario_keys() -> Iterator[str]:
     yield "## Scenario keys\n"
-    yield "A scenario is a TOML file; each key sits in its section. Defaults are `crashbench.scenario.Scenario`'s.\n"
+    yield "A scenario is a TOML file; each key sits in its section. Defaults are `crashbench.model.spec.Scenario`'s.\n"
     described = {field: re.sub(r"\s*\([a-z]+\.[a-z_]+\)\.?$", "", text) for _, field, _, text in OVERRIDES}
     comments = {name.strip("`"): text for name, text in field_comments(Scenario) if name}
     defaults = {f.name: f.default for f in dataclasses.fields(Scenario)}

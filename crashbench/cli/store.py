@@ -11,12 +11,12 @@ from rich.table import Table
 
 from crashbench.cli import common as base
 from crashbench.errors import RecountMismatch, UsageError
-from crashbench.evidence import recount as recounting
+from crashbench.model.results import Result
+from crashbench.model.spec import Scenario
 from crashbench.report import html as html_report
+from crashbench.report import recount as recounting
 from crashbench.report import store
-from crashbench.report.results import Result
 from crashbench.run.session import Options, replay_scenario, run_designs
-from crashbench.scenario import Scenario
 
 
 @base.cli.command()

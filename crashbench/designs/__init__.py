@@ -49,7 +49,7 @@ class Design(ABC):
 
     `client` is a redis-py client with decode_responses=True. Every key must start with `prefix`
     (use `self.key(...)`), which is how crashbench keeps runs apart and cleans up after itself; a design
-    that sets `spread` may also use shard prefixes of it (crashbench.run.connect.shard_prefix).
+    that sets `spread` may also use shard prefixes of it (crashbench.control.connect.shard_prefix).
     Times (`now`) are the harness clock: time.monotonic() seconds, shared by all processes on a host.
     """
 
@@ -82,7 +82,7 @@ class Design(ABC):
     # queue that can hold a job where backlog() cannot see it for a while (saq's sweep holds one in
     # memory while it waits on its worker, then puts it back).
     SETTLE_S: ClassVar[float] = 0.0
-    # True when its keys span hash slots (crashbench.run.connect.shard_prefix): the harness then reads and
+    # True when its keys span hash slots (crashbench.control.connect.shard_prefix): the harness then reads and
     # expires them on every primary of a cluster, not on the one of the run's slot.
     spread: ClassVar[bool] = False
 
@@ -99,7 +99,7 @@ class Design(ABC):
 
     def url(self) -> str:
         """The server's URL, for a library that wants one rather than a client. It carries the
-        password: hand it to the library only, never to a message (crashbench.run.redact.redact_url)."""
+        password: hand it to the library only, never to a message (crashbench.redact.redact_url)."""
         # A cluster's client: the node it asked first, which a library's cluster client asks for the others.
         node = self.r.get_default_node() if hasattr(self.r, "get_default_node") else None
         pool = node.redis_connection.connection_pool if node is not None else self.r.connection_pool
@@ -234,7 +234,7 @@ class LibraryDesign(Design):
     cluster_client: ClassVar[bool] = False
 
     def on_cluster(self) -> bool:
-        """Whether this run's client is a Redis Cluster's (crashbench.run.connect)."""
+        """Whether this run's client is a Redis Cluster's (crashbench.control.connect)."""
         from redis.cluster import RedisCluster  # as the module's other redis imports: not at import time
 
         return isinstance(self.r, RedisCluster)
@@ -286,7 +286,7 @@ class LibraryDesign(Design):
     @abstractmethod
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         """Run the library's worker in this process until it stops, calling `ready()` once it is about to
-        take jobs (the READY handshake). Its task is `crashbench.run.task.handle(job_id)`, which writes the
+        take jobs (the READY handshake). Its task is `crashbench.designs.handler.handle(job_id)`, which writes the
         ledger."""
 
 

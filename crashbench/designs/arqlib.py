@@ -51,8 +51,8 @@ from typing import Any, ClassVar
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 FUNCTION = "crashbench_handle"
 EXPIRES_MS = 86_400_000  # arq's expires_extra_ms: a job not started within a day is dropped

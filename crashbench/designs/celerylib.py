@@ -41,8 +41,8 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 QUEUE = "jobs"
 TASK = "crashbench.handle"

@@ -44,8 +44,8 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 QUEUE = "jobs"
 MAINTENANCE_SCALE = 1_000_000  # maintenance_chance is out of this many commands

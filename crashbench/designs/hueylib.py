@@ -24,8 +24,8 @@ import redis
 from huey import RedisHuey
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 
 class HueyQueue(LibraryDesign):

@@ -55,8 +55,8 @@ from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 
 def run_job(job_id: str) -> None:

@@ -60,8 +60,8 @@ from typing import Any, ClassVar
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 FUNCTION = "crashbench_handle"
 SWEEP_ABORT_WAIT_S = 5.0  # RedisQueue.sweep(abort=5.0): how long it waits on a swept job's worker

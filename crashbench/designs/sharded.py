@@ -4,7 +4,7 @@ Cluster the shards sit on different primaries and the queue's work is spread ove
 Keys. The run prefix P = `crashbench:{<run-id>}:<i>-sharded:` holds one key:
     P shards               list of the S shard prefixes, written by setup() (the harness) and read by
                            every other instance (the workers), so all agree on them whatever the topology
-Shard k's prefix Pk = `crashbench:{<run-id>.<k>-<n>}:<i>-sharded:` (crashbench.run.connect.shard_prefix)
+Shard k's prefix Pk = `crashbench:{<run-id>.<k>-<n>}:<i>-sharded:` (crashbench.control.connect.shard_prefix)
 carries a hash tag of its own: every key of a shard is in one slot (its scripts and pipelines), each
 shard in another. `n` is the first number whose slot falls on primary k mod P of the P primaries (by
 address), so on a cluster of P primaries the shards go round the primaries; on one server n = 0. Under
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 from redis.cluster import RedisCluster
 
+from crashbench.control.connect import shard_prefix, spread_pattern
 from crashbench.designs import Design, DesignSettings, Job, QueueState
 from crashbench.designs.reliable import ReliableQueue
-from crashbench.run.connect import shard_prefix, spread_pattern
 
 if TYPE_CHECKING:
     import redis

@@ -64,8 +64,8 @@ from taskiq.receiver import Receiver
 from taskiq_redis import ListQueueBroker, ListQueueClusterBroker, RedisStreamBroker, RedisStreamClusterBroker
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs.handler import handle
 from crashbench.model.stored import Snapshot
-from crashbench.run.task import handle
 
 TASK = "crashbench_handle"
 SHUTDOWN_TIMEOUT = 5.0  # taskiq worker --shutdown-timeout default, seconds

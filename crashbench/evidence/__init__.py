@@ -1,1 +1,2 @@
-"""The evidence: ledgers, the harness's reading of Redis, the timeline, the counts computed from them."""
+"""The evidence: the harness's own reading of Redis, and the counts, checks and checkers that turn a
+run's history (crashbench.model.timeline) into its results."""

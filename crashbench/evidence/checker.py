@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crashbench.evidence.executions import Executions
-from crashbench.evidence.timeline import Timeline
 from crashbench.model.counts import Counts, Problem
-from crashbench.scenario import Scenario
+from crashbench.model.executions import Executions
+from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 
 @dataclass(slots=True)

@@ -17,10 +17,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from crashbench import jobids
-from crashbench.evidence.executions import FAILED, Execution, Executions
-from crashbench.evidence.ledger import LedgerProblem
 from crashbench.jobids import JobIds
 from crashbench.model.counts import Problem
+from crashbench.model.executions import FAILED, Execution, Executions
+from crashbench.model.ledger import LedgerProblem
 from crashbench.model.queue import Located, QueueState
 
 CAP = 100  # ids named per problem

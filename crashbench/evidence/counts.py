@@ -17,9 +17,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
 from crashbench import jobids
-from crashbench.evidence.executions import FAILED, Execution, Executions
 from crashbench.jobids import JobIds
 from crashbench.model.counts import Counts, TotalQueue
+from crashbench.model.executions import FAILED, Execution, Executions
 from crashbench.model.queue import DesignSettings, Located, QueueState
 from crashbench.model.workload import Workload
 

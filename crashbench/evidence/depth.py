@@ -32,8 +32,8 @@ from crashbench import jobids
 from crashbench.designs import Design
 from crashbench.evidence import inspector
 from crashbench.evidence.search import Needle
-from crashbench.evidence.timeline import Depth, rel
 from crashbench.model.queue import matches
+from crashbench.model.timeline import Depth, rel
 
 
 @dataclass(frozen=True, slots=True)

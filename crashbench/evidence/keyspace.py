@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 
 import redis
 
+from crashbench.control.connect import is_cluster, primaries, spread_pattern
+from crashbench.control.lease import alive_key, namespace
 from crashbench.designs import Design
 from crashbench.evidence.inspector import key_pieces, types
 from crashbench.evidence.search import Needle
 from crashbench.model.counts import Problem
 from crashbench.model.queue import Located, matches
 from crashbench.model.stored import Snapshot, StoredKey
-from crashbench.run.connect import is_cluster, primaries, spread_pattern
-from crashbench.run.lease import alive_key, namespace
 
 CAP = 100  # ids and keys named per problem
 Label = tuple[str, int]  # (node "host:port", database)

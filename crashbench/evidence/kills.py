@@ -3,7 +3,7 @@
 The injector freezes its victim (SIGSTOP, checked stopped by the kernel) before it reads the fault's
 time and delivers the signal (crashbench.faults.injector), so at that time the victim's handlers
 can neither start nor end. A handler's start and end are the times the handler itself took
-(crashbench.evidence.ledger), not when their records were written. So the fault caught exactly the
+(crashbench.model.ledger), not when their records were written. So the fault caught exactly the
 executions of the victim that had started by the fault's time and had not ended by it; one that
 never ended at all is one the victim died inside (its ledger, read after every writer is gone, is
 final). This holds for every signal alike: a SIGKILL, another fatal signal, a graceful SIGTERM, a
@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from crashbench.evidence.executions import Execution, Executions
+from crashbench.model.executions import Execution, Executions
 from crashbench.model.faults import KillRecord
 
 

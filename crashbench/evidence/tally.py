@@ -1,6 +1,6 @@
 """From one crash run's timeline to its DesignRun: the evidence checks, the counts, the timings.
 
-The timeline (crashbench.evidence.timeline) is everything the run recorded: the ledgers' executions, the
+The timeline (crashbench.model.timeline) is everything the run recorded: the ledgers' executions, the
 harness's reading of Redis, the design's own report, the faults, the workers, the enqueues. Nothing
 is computed from anything else, so a saved timeline gives the same result again (`crashbench recount`).
 """
@@ -21,12 +21,12 @@ from crashbench.evidence import counts as counting
 from crashbench.evidence import kills as killing
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
-from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.evidence.timeline import Timeline
 from crashbench.model.counts import Counts
+from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.model.faults import JOB_SAMPLE, NetworkFaultRecord
-from crashbench.report.results import DesignRun, KillRecord, Timings
-from crashbench.scenario import Scenario
+from crashbench.model.results import DesignRun, KillRecord, Timings
+from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:

@@ -24,8 +24,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from crashbench import jobids
-from crashbench.evidence.executions import FAILED, Executions
-from crashbench.evidence.timeline import Timeline
+from crashbench.model.executions import FAILED, Executions
+from crashbench.model.timeline import Timeline
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ A scenario describes its faults two ways, and a run may have both:
       at = 1.0                    # the run's shard of crashbench's own cluster (crashbench.faults.cluster)
 
       [[faults]]
-      kind = "network"            # a toxic on the workers' connections (crashbench.faults.proxy)
+      kind = "network"            # a toxic on the workers' connections (crashbench.control.proxy)
       toxic = "timeout"           # latency, bandwidth, slicer, limit_data, timeout, reset_peer, down
       direction = "both"          # or "upstream" (worker -> server), "downstream"
       at = 1.0
@@ -64,7 +64,7 @@ from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_KINDS
 from crashbench.model.faults import Fault as Fault
 
 if TYPE_CHECKING:
-    from crashbench.scenario import Scenario
+    from crashbench.model.spec import Scenario
 
 
 def plan(scenario: Scenario) -> list[Fault]:

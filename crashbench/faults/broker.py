@@ -23,11 +23,11 @@ from pathlib import Path
 
 import redis
 
+from crashbench.control import workdirs
+from crashbench.control.connect import DOWN
+from crashbench.control.server import EmbeddedServer, find_server_binary
 from crashbench.errors import ServerUnavailable
-from crashbench.run import workdirs
-from crashbench.run.producer import Producer
-from crashbench.run.server import EmbeddedServer, find_server_binary
-from crashbench.run.worker import DOWN
+from crashbench.faults.family import Producer
 
 
 class Broker:

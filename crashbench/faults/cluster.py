@@ -12,7 +12,7 @@ key of a run is in the slot of its hash tag, so one primary and its replica are 
                         CLUSTER FAILOVER FORCE (without the primary's agreement or its offset) and
                         TAKEOVER (without the other primaries' votes either).
     cluster-partition   that primary cut off from every other node (its bus links through the network
-                        fault proxy, crashbench.run.cluster; its replica stops applying its stream),
+                        fault proxy, crashbench.control.cluster; its replica stops applying its stream),
                         while its clients stay connected: it goes on acknowledging their writes until
                         it sees that it lost the majority (cluster-node-timeout), as the others promote
                         its replica; `downtime` s after the promotion the cut heals, and the old primary
@@ -43,14 +43,14 @@ from pathlib import Path
 
 import redis
 
+from crashbench.control import connect, workdirs
+from crashbench.control.cluster import ClusterNode, EmbeddedCluster
 from crashbench.errors import ServerUnavailable
-from crashbench.evidence.timeline import rel
 from crashbench.faults.broker import ReplicaCut
+from crashbench.faults.family import Producer
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault
 from crashbench.model.queue import Located
-from crashbench.run import connect, workdirs
-from crashbench.run.cluster import ClusterNode, EmbeddedCluster
-from crashbench.run.producer import Producer
+from crashbench.model.timeline import rel
 
 FAILOVER_ARGS = {"cluster-failover": (), "cluster-failover-force": ("FORCE",), "cluster-takeover": ("TAKEOVER",)}
 # Failure detection in a fault run: 1 s rather than the embedded cluster's 2 s, since the recovery time

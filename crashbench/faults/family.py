@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from crashbench.model.faults import Fault
+from crashbench.model.spec import Scenario
 
 
 class Driver(Protocol):
@@ -32,6 +33,19 @@ class Driver(Protocol):
     def step(self, now: float) -> bool | None: ...
 
 
+class Producer(Protocol):
+    """The run's producer, as a fault that meets its enqueues sees it (crashbench.run.producer.Producer):
+    a fault marks the enqueues it may lose as lagging, and waits for the last one."""
+
+    lagging: bool  # enqueues from now on are acknowledged by a primary its replica no longer follows
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def acknowledged(self) -> int: ...
+
+
 class FaultRun(Protocol):
     """What a family's driver is built from and reports to: the crash run, as its faults see it
     (crashbench.run.runner.CrashRun)."""
@@ -44,20 +58,17 @@ class FaultRun(Protocol):
 
 Entry = dict[str, Any]
 DEFAULT_KIND = "signal"  # an entry that names no kind: a worker signal
-# The scenario (crashbench.scenario.Scenario), as the hooks are given it: named, not imported, since
-# the scenario's parser reads the families (faults sit above the scenario, which only they may know).
-Spec = Any
 
 
-def no_problems(entry: Entry, n: int, scenario: Spec) -> list[str]:
+def no_problems(entry: Entry, n: int, scenario: Scenario) -> list[str]:
     return []
 
 
-def no_faults(scenario: Spec, start: int, rng: random.Random) -> list[Fault]:
+def no_faults(scenario: Scenario, start: int, rng: random.Random) -> list[Fault]:
     return []
 
 
-def no_entry_faults(entry: Entry, start: int, scenario: Spec, rng: random.Random) -> list[Fault]:
+def no_entry_faults(entry: Entry, start: int, scenario: Scenario, rng: random.Random) -> list[Fault]:
     return []
 
 
@@ -79,12 +90,12 @@ class FaultFamily:
     kinds: tuple[str, ...]  # the `[[faults]]` kinds it owns; the first is the default kind when it is "signal"
     keys: tuple[str, ...]  # the keys its entries take
     # An entry's problems, one line each ("[[faults]] <family> entry <n>: ..."); `n` counts from 1.
-    problems: Callable[[Entry, int, Spec], list[str]] = no_problems
+    problems: Callable[[Entry, int, Scenario], list[str]] = no_problems
     # Its faults from its own scenario section (the [faults] group, [broker]), numbered from `start`.
-    section: Callable[[Spec, int, random.Random], list[Fault]] = no_faults
+    section: Callable[[Scenario, int, random.Random], list[Fault]] = no_faults
     section_first: bool = False  # its section is drawn before the entries (the seed's order)
     # An entry's faults, numbered from `start`; the seed drawn in the entries' order.
-    plan: Callable[[Entry, int, Spec, random.Random], list[Fault]] = no_entry_faults
+    plan: Callable[[Entry, int, Scenario, random.Random], list[Fault]] = no_entry_faults
     # The scenario fields an entry sets instead of joining the schedule ([broker] faults: one per run);
     # None: its entries join the schedule.
     fields: Callable[[Entry], dict[str, Any]] | None = None
@@ -93,7 +104,7 @@ class FaultFamily:
     # It faults the server: in each tick its driver steps after the producer's enqueue, which its fault
     # then meets; the others' (a fault on the connections) before it.
     on_server: bool = False
-    # What it did, as Timeline fields (crashbench.evidence.timeline): records, readings, marks.
+    # What it did, as Timeline fields (crashbench.model.timeline): records, readings, marks.
     history: Callable[[Driver], dict[str, Any]] = no_history
 
     def owns(self, entry: Entry) -> bool:

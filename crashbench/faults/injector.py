@@ -19,14 +19,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from crashbench.evidence.ledger import Execution, Ledger
-from crashbench.evidence.timeline import rel
+from crashbench.control.proxyctl import ProxyProcess
+from crashbench.control.supervisor import Supervisor, WorkerProcess
 from crashbench.faults.broker import Broker, ReplicaCut, wait_back
-from crashbench.faults.proxyctl import ProxyProcess
+from crashbench.faults.family import Producer
 from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
+from crashbench.model.ledger import Execution, Ledger
 from crashbench.model.queue import Located
-from crashbench.run.producer import Producer
-from crashbench.run.supervisor import Supervisor, WorkerProcess
+from crashbench.model.timeline import rel
 
 if TYPE_CHECKING:
     from crashbench.faults.netns import Partitions
@@ -251,7 +251,7 @@ class BrokerFaults:
 
 
 class NetworkFaults:
-    """Network faults through the proxy (crashbench.faults.proxy), or as partitions (crashbench.faults.netns):
+    """Network faults through the proxy (crashbench.control.proxy), or as partitions (crashbench.faults.netns):
     each is switched on at its start and healed at its end. Toxics on one proxy slot at once add up; of
     partitions on one slot, the latest started holds. The proxy's slots: one per worker slot, then the
     producer's (`workers`), then the replica link's (`workers + 1`).

@@ -1,6 +1,6 @@
 """Real network partitions: each worker slot in its own Linux network namespace, faults as iptables rules.
 
-A proxy (faults/proxy.py) ends TCP in a process: it acknowledges the worker's segments whatever its toxics
+A proxy (control/proxy.py) ends TCP in a process: it acknowledges the worker's segments whatever its toxics
 do, so the worker's kernel never retransmits, keepalives are answered, TCP_USER_TIMEOUT never fires; and it
 can drop only chunks of the stream, not packets TCP recovers. Here the kernel drops real packets:
 

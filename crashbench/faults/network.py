@@ -1,5 +1,5 @@
 """The network family: a toxic on the workers' (or the producer's, or a failover run's replica's)
-connections through crashbench's proxy (crashbench.faults.proxy: latency, bandwidth, slicer,
+connections through crashbench's proxy (crashbench.control.proxy: latency, bandwidth, slicer,
 limit_data, timeout, reset_peer, down), or the kernel's own faults in a network namespace per worker
 slot (crashbench.faults.netns: drop, reject, loss; root only). `[[faults]]` entries of kind =
 "network"; the driver is crashbench.faults.injector.NetworkFaults, on the run's network
@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, Entry, FaultFamily, FaultRun, Spec
+from crashbench.faults.family import Driver, Entry, FaultFamily, FaultRun
 from crashbench.model.faults import Fault
+from crashbench.model.spec import Scenario
 
 TOXIC_ATTRIBUTES = (
     "latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout", "probability",
@@ -22,7 +23,7 @@ KEYS = ("kind", "toxic", "direction", "at", "duration", "slot", "workers", "targ
 TARGETS = ("workers", "producer", "replica")
 
 
-def plan(entry: Entry, index: int, sc: Spec, rng: random.Random) -> list[Fault]:
+def plan(entry: Entry, index: int, sc: Scenario, rng: random.Random) -> list[Fault]:
     workers = sc.workers
     target = entry.get("target", "workers")
     if target != "workers":
@@ -77,8 +78,8 @@ def _partition_problems(entry: dict[str, Any], where: str) -> list[str]:
     return p
 
 
-def problems(entry: Entry, n: int, sc: Spec) -> list[str]:
-    from crashbench.faults.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
+def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
+    from crashbench.control.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
 
     where, workers = f"[[faults]] network entry {n}", sc.workers
     p = []

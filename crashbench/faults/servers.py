@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, Entry, FaultFamily, Spec
+from crashbench.faults.family import Driver, Entry, FaultFamily
 from crashbench.model.faults import Fault
+from crashbench.model.spec import Scenario
 
 KEYS = ("kind", "at", "downtime")
 CLUSTER_KINDS = (
@@ -29,7 +30,7 @@ def fields(entry: Entry) -> dict[str, Any]:
 
 
 def _section(kinds: tuple[str, ...]) -> Any:
-    def section(sc: Spec, start: int, rng: random.Random) -> list[Fault]:
+    def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
         kind = {"kill": "broker-kill"}.get(sc.fault, sc.fault)
         if kind not in kinds:
             return []

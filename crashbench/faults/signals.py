@@ -9,8 +9,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun, Spec
+from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun
 from crashbench.model.faults import Fault
+from crashbench.model.spec import Scenario
 
 KILL_WHEN = ("mid-job", "any")
 # For workers that are process trees (library workers): the whole tree, only the worker process, or
@@ -25,7 +26,7 @@ KEYS = ("kind", "signal", "at", "count", "every", "slot", "kill_when", "target",
 AFTER = ("start", "drained")  # what an entry's `at` counts from
 
 
-def periodic(sc: Spec, start: int, rng: random.Random) -> list[Fault]:
+def periodic(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     """The [faults] group: `kills` signals `interval` apart, each victim's slot drawn from the seed."""
     pause = sc.pause if sc.signal == "SIGSTOP" else 0.0
     return [
@@ -35,7 +36,7 @@ def periodic(sc: Spec, start: int, rng: random.Random) -> list[Fault]:
     ]  # fmt: skip
 
 
-def plan(entry: Entry, start: int, sc: Spec, rng: random.Random) -> list[Fault]:
+def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fault]:
     out = []
     every = float(entry.get("every", 0.5))
     for n in range(int(entry.get("count", 1))):
@@ -50,7 +51,7 @@ def plan(entry: Entry, start: int, sc: Spec, rng: random.Random) -> list[Fault]:
     return out
 
 
-def problems(entry: Entry, n: int, sc: Spec) -> list[str]:
+def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     where = f"[[faults]] signal entry {n}"
     p = []
     for key, whole, low in (("at", False, 0), ("count", True, 1), ("every", False, 0), ("pause", False, 0)):

@@ -1,6 +1,6 @@
 """What a run records about its faults and its workers: the schedule the seed gave, each fault as
 executed, the broker fault, workers that ended on their own. Plain data, below everything that
-produces (crashbench.run.runner), stores (crashbench.evidence.timeline, crashbench.report.results) or reads them."""
+produces (crashbench.run.runner), stores (crashbench.model.timeline, crashbench.model.results) or reads them."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Fault:
     kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
     target: str = "tree"  # a process-tree worker's: tree, parent, child; a network fault's: workers, producer, replica
     duration: float = 0.0  # a pause's (SIGSTOP), a broker or cluster kill's downtime, a network fault's; 0: no end
-    slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.faults.proxy)
+    slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.control.proxy)
     toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
     # "drained": `at` counts from the queue's drain (its restarts then meet an idle machine at any job count)
     after: str = "start"

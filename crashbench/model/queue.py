@@ -17,7 +17,7 @@ from crashbench.model.stored import Consumer, StoredKey, entry_id
 OBSERVE_DEFAULT = 30.0  # seconds; the built-in designs recover within stale_after + recover_every
 OBSERVE_CAP = 300.0  # a library documenting an hour is still given at most this much unless asked
 OBSERVE_MARGIN = 10.0  # beyond a library's documented redelivery time: its sweep's period, scheduling
-# The worker slot a worker process fills, in its environment (crashbench.run.supervisor sets it): a
+# The worker slot a worker process fills, in its environment (crashbench.control.supervisor sets it): a
 # replacement starts in its predecessor's slot under a new worker name.
 SLOT_ENV = "CRASHBENCH_SLOT"
 

@@ -1,2 +1,3 @@
-"""Reports of a result to look at: a self-contained HTML page (crashbench.report.html) and small SVG
-charts (crashbench.report.svg). Core code: no click, no rich."""
+"""What a person reads of a result: the results store, rich tables, exports (JUnit, Markdown, CSV), the
+self-contained HTML report with its SVG charts, and a saved result recounted and re-judged. Core code:
+no click, no rich (but render.py, which the CLI calls)."""

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from crashbench.errors import UsageError
 from crashbench.model.counts import Counts, Problem
+from crashbench.model.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
+from crashbench.model.thresholds import coverage
 from crashbench.report import html as html_report
-from crashbench.report.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
 from crashbench.report.svg import depth_chart
-from crashbench.scenario.thresholds import coverage
 
 # The counts a failure message shows for each run: the outcome classes and the anomalies a reader
 # checks first. The full set is in the result file and the CSV.

@@ -8,11 +8,11 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from crashbench.evidence.timeline import Timeline
 from crashbench.model.counts import Counts
+from crashbench.model.results import DesignRun, Result
+from crashbench.model.results import label as label_of
+from crashbench.model.timeline import Timeline
 from crashbench.report import lanes, tables
-from crashbench.report.results import DesignRun, Result
-from crashbench.report.results import label as label_of
 from crashbench.report.svg import XMLNS, Scale, axis, depth_panel, esc, fmt_count, num, rate_panel, time_span
 
 WIDTH = 1200  # the viewBox width of every chart; the page scales them to the window

@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from crashbench.evidence.ledger import Execution
-from crashbench.evidence.timeline import Timeline
 from crashbench.model.faults import KillRecord
+from crashbench.model.ledger import Execution
+from crashbench.model.timeline import Timeline
 from crashbench.report.svg import Scale, esc, num
 
 AGGREGATE_ABOVE = 20_000

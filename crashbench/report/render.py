@@ -10,14 +10,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from crashbench.bench.results import BenchResult
+from crashbench.model.bench import BenchResult
 from crashbench.model.counts import Problem
 from crashbench.model.faults import NetworkFaultRecord
-from crashbench.report.results import DesignRun, Result, ThresholdResult, group, number, spread
-from crashbench.report.results import label as label_of
+from crashbench.model.results import DesignRun, Result, ThresholdResult, group, number, spread
+from crashbench.model.results import label as label_of
+from crashbench.model.thresholds import coverage
 from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail
 from crashbench.run.progress import Progress
-from crashbench.scenario.thresholds import coverage
 
 IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
 

@@ -3,7 +3,7 @@ report (tables.py). No rich here: the HTML report is core-side."""
 
 from __future__ import annotations
 
-from crashbench.report.results import ThresholdResult, number
+from crashbench.model.results import ThresholdResult, number
 
 # (label, count field) in display order; outcome classes first, then events.
 ROWS: tuple[tuple[str, str], ...] = (

@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from crashbench.bench.results import BENCH_SCHEMA
 from crashbench.errors import UsageError
-from crashbench.report.results import SCHEMA, Result
+from crashbench.model.bench import BENCH_SCHEMA
+from crashbench.model.results import SCHEMA, Result
 
 DEFAULT_DIR = Path("results")
 

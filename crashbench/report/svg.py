@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from crashbench.evidence.timeline import Timeline
+from crashbench.model.timeline import Timeline
 
 XMLNS = "http://www.w3.org/2000/svg"
 # One colour per design in charts that overlay the runs (depth_chart): distinct in print and for

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crashbench.model.results import DesignRun, Result, ThresholdResult, number
+from crashbench.model.results import label as label_of
+from crashbench.model.spec import Scenario
 from crashbench.report import rows as table_rows
-from crashbench.report.results import DesignRun, Result, ThresholdResult, number
-from crashbench.report.results import label as label_of
 from crashbench.report.svg import esc
-from crashbench.scenario import Scenario
 
 # The terminal table's rows, then the kills: the page has no separate faults table. A leading "  "
 # marks a row that breaks down the one above it; a run that never ran again is an alarm here too.

@@ -1,1 +1,1 @@
-"""The run: a session on one server, each crash run's loop, drain, workers and their supervision."""
+"""The run: a session on one server, and each crash run's loop, producer, drain, readings and workers."""

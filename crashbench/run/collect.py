@@ -1,14 +1,14 @@
 """The last piece of a crash run: the harness's final reading of Redis, and everything the run recorded
-gathered into its timeline (crashbench.evidence.timeline), on the timeline's clock, which the result is
+gathered into its timeline (crashbench.model.timeline), on the timeline's clock, which the result is
 computed from (crashbench.evidence.tally)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from crashbench.evidence.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.faults import registry
 from crashbench.model.queue import Located, carry
+from crashbench.model.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
 from crashbench.run import reading
 
 # The crash run these read (crashbench.run.runner.CrashRun, which calls them): named, not imported.

@@ -1,7 +1,7 @@
 """The network between a run's workers and its server, when the run has network faults. Two ways, one
 per run:
 
-- the fault proxy (crashbench.faults.proxy) for Toxiproxy's toxics: one port per worker slot, then the
+- the fault proxy (crashbench.control.proxy) for Toxiproxy's toxics: one port per worker slot, then the
   producer's and the replica link's (the layout NetworkFaults expects); no root needed;
 - one Linux network namespace per worker slot (crashbench.faults.netns) for the kernel's own faults:
   drop (a partition), reject, loss. Root and iptables needed, and a server crashbench started, since the
@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from crashbench.control.proxyctl import ProxyProcess, proxy_for
 from crashbench.errors import UsageError
 from crashbench.faults import PARTITION_TOXICS, Fault
-from crashbench.faults.proxyctl import ProxyProcess, proxy_for
 
 if TYPE_CHECKING:
     from crashbench.faults.broker import Broker
     from crashbench.faults.netns import Partitions
-    from crashbench.scenario import Scenario
+    from crashbench.model.spec import Scenario
 
 
 class RunNetwork:

@@ -2,7 +2,7 @@
 a broker fault, or a network fault on the producer), `produce_s` seconds long, CHUNK jobs per call, so
 that some enqueues meet a fault. One that returned is *acknowledged*; one that raised, timed out, or was
 not replicated in time (WAIT) is *indeterminate* (Jepsen's word) and never retried. The timeline reads
-its chunks (crashbench.evidence.timeline); a broker fault's driver marks the ones sent while the replica
+its chunks (crashbench.model.timeline); a broker fault's driver marks the ones sent while the replica
 lagged (crashbench.faults.broker.ReplicaCut)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from crashbench.control.connect import DOWN
 from crashbench.designs import Design
 from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job, Receipts, receipts
-from crashbench.run.worker import DOWN
 
 CHUNK = 10  # jobs per enqueue call while producing during the run
 PRODUCER_TIMEOUT = 5.0  # s: the producer's connection through the proxy when the scenario sets no socket timeout
@@ -75,7 +75,7 @@ class Through:
 class Producer:
     """Enqueues the run's jobs over `produce_s` seconds, CHUNK at a time, and records each chunk: when,
     its ids, whether its enqueue was acknowledged (else indeterminate), and whether that was while the
-    replica lagged. The timeline reads the chunks (crashbench.evidence.timeline). With `through`, its
+    replica lagged. The timeline reads the chunks (crashbench.model.timeline). With `through`, its
     enqueues go through the proxy (Through), else through the design it is given."""
 
     def __init__(

@@ -1,11 +1,11 @@
 """One crash run of one design: setup (enqueue, start the workers), the loop that fires the fault
 schedule (crashbench.faults.injector), the drain (crashbench.run.drain), and the collection of what
-the run recorded into its timeline (crashbench.evidence.timeline), which the result is computed from
+the run recorded into its timeline (crashbench.model.timeline), which the result is computed from
 (crashbench.evidence.tally).
 
 Single-threaded on purpose: every wait calls `_tick`, which tails the ledger, reaps workers, runs the
 design's recovery on its timer, samples the queue's depth and reports progress; signal handlers only
-set a flag it reads (crashbench.run.stopflag). Every process started here is stopped in `finally`,
+set a flag it reads (crashbench.control.stopflag). Every process started here is stopped in `finally`,
 whatever happened.
 """
 
@@ -22,10 +22,14 @@ from typing import TypeVar
 import redis
 
 from crashbench import jobids
+from crashbench.control import connect, lease, workdirs
+from crashbench.control.connect import DOWN
+from crashbench.control.interpreter import WorkerPython
+from crashbench.control.stopflag import StopFlag
+from crashbench.control.supervisor import Supervisor
 from crashbench.designs import Design, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, keyspace, tally
-from crashbench.evidence.ledger import Ledger
 from crashbench.evidence.search import Needle
 from crashbench.faults import plan, registry
 from crashbench.faults.broker import Broker
@@ -33,19 +37,17 @@ from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
+from crashbench.model.ledger import Ledger
 from crashbench.model.queue import Located, Receipts, receipts
+from crashbench.model.results import DesignRun, WorkerExit
+from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids, jobs_for
-from crashbench.report.results import DesignRun, WorkerExit
-from crashbench.run import collect, connect, lease, reading, workdirs
+from crashbench.run import collect, reading
 from crashbench.run.drain import WATCH_S, drain, watch
-from crashbench.run.interpreter import WorkerPython
 from crashbench.run.network import RunNetwork
 from crashbench.run.producer import Producer, Through
 from crashbench.run.progress import Progress
-from crashbench.run.stopflag import StopFlag
-from crashbench.run.supervisor import Supervisor
-from crashbench.run.worker import DOWN, WorkerSpec, run_worker
-from crashbench.scenario import Scenario
+from crashbench.run.worker import WorkerSpec, run_worker
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -203,7 +205,7 @@ class CrashRun:
             self.warn(text)
         self.net = RunNetwork.start(self.planned, self.url, self.sc, self.broker, self.external, self.dir / "logs")
         # Before the job list exists: workers are forked from a process that never holds it, so a
-        # restart costs the same at any job count (crashbench.run.zygote).
+        # restart costs the same at any job count (crashbench.control.zygote).
         self.sup.start_zygote()
         self.scope.take_before()
         self.design.setup()
@@ -280,7 +282,7 @@ class CrashRun:
         if self.sampler.due(now) and self.phase != "starting" and not down:
             self._sample_depth(now)
         if self.lease is not None:
-            self.lease.tick(now)  # the keys' safety expiry (crashbench.run.lease)
+            self.lease.tick(now)  # the keys' safety expiry (crashbench.control.lease)
         self._report()
 
     def _report(self, force: bool = False) -> None:

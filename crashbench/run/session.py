@@ -15,21 +15,23 @@ from importlib import metadata
 
 import redis
 
+from crashbench.control import workdirs
+from crashbench.control.interpreter import WorkerPython
+from crashbench.control.provision import open_server
+from crashbench.control.server import cleanup_keys
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
-from crashbench.report.results import Result, environment, new_id, now_iso, summarize
-from crashbench.run import workdirs
-from crashbench.run.interpreter import WorkerPython
+from crashbench.model.results import Result, new_id, now_iso, summarize
+from crashbench.model.spec import Scenario
+from crashbench.model.thresholds import Threshold, check_all, check_targets, count_evaluated
+from crashbench.redact import redact_text, scrub_exception
+from crashbench.run.environment import environment
 from crashbench.run.progress import Progress
-from crashbench.run.provision import open_server
-from crashbench.run.redact import redact_text, scrub_exception
 from crashbench.run.runner import CrashRun, StopFlag
-from crashbench.run.server import cleanup_keys
-from crashbench.scenario import SWEEPABLE, Scenario
-from crashbench.scenario.thresholds import Threshold, check_all, check_targets, count_evaluated
+from crashbench.scenario import SWEEPABLE, with_overrides
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
 Plan = list[tuple[Scenario, str, str]]  # (scenario, design, variant label) per crash run
@@ -46,7 +48,7 @@ class Options:
     progress: Callable[[Progress], None] | None = None
     warn: Callable[[str], None] | None = None  # a library setting that would re-run or cancel healthy jobs
     stop: StopFlag | None = None
-    worker_python: str | None = None  # run workers under this interpreter (crashbench.run.interpreter)
+    worker_python: str | None = None  # run workers under this interpreter (crashbench.control.interpreter)
     repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
     thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
     baseline: Result | None = None  # what relative thresholds compare with
@@ -70,7 +72,7 @@ def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
             value = kind(raw)
         except ValueError:
             raise UsageError(f"{param}={raw!r}: not {'a whole number' if kind is int else 'a number'}") from None
-        out.append(scenario.with_overrides(**{param: value}))
+        out.append(with_overrides(scenario, **{param: value}))
     if not out or not values.strip():
         raise UsageError(f"no values to sweep {param} over")
     return out
@@ -90,7 +92,7 @@ def replay_scenario(result: Result, index: int) -> Scenario:
     if run.variant:
         name, _, raw = run.variant.partition("=")
         overrides[name] = getattr(sweep_values(scenario, name, raw)[0], name)
-    return scenario.with_overrides(**overrides)
+    return with_overrides(scenario, **overrides)
 
 
 def _check_designs(plan: Plan, options: Options) -> list[str]:
@@ -202,10 +204,10 @@ def _run_on_server(
     versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
-    # A cut needs the cluster's bus behind the proxy from the start (crashbench.run.cluster).
+    # A cut needs the cluster's bus behind the proxy from the start (crashbench.control.cluster).
     partitionable = any(scenario.fault == "cluster-partition" for scenario, _, _ in plan)
     server_args = (options.redis_url, options.server_binary, base.persistence, options.cluster, partitionable)
-    with open_server(*server_args) as server:
+    with open_server(*server_args) as (server, embedded_cluster):
         if server.cluster:  # an external one is known for one only now
             _check_cluster(plan)
         if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
@@ -216,9 +218,9 @@ def _run_on_server(
                 for index, (scenario, spec, variant) in enumerate(plan):
                     with contextlib.ExitStack() as own:
                         url, broker = server.url, None
-                        if server.embedded_cluster is not None and scenario.fault in CLUSTER_FAULTS:
+                        if embedded_cluster is not None and scenario.fault in CLUSTER_FAULTS:
                             # The session's cluster, its run's shard faulted and healed again after
-                            broker = own.enter_context(cluster_broker(server.embedded_cluster, f"{{{run_id}}}"))
+                            broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
                         elif scenario.fault != "none":  # a fresh server per run, which the run may kill
                             broker = own.enter_context(
@@ -226,7 +228,7 @@ def _run_on_server(
                             )
                             url = broker.url
                         crash = CrashRun(
-                            scenario.with_overrides(seed=scenario.seed + repeat), spec, url, run_id,
+                            with_overrides(scenario, seed=scenario.seed + repeat), spec, url, run_id,
                             progress=options.progress, stop=options.stop, keep_dir=options.keep,
                             index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
                             repeat=repeat, broker=broker, external=server.external and broker is None,

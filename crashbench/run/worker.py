@@ -8,7 +8,7 @@ also stops on its own when the runner is gone (its parent pid changes).
 A library adapter's worker (`serve_library`) runs the library's own loop instead.
 
 Under `--worker-python` the forked process execs `python -m crashbench.run.worker SPEC NAME LEDGER PARENT`
-(see crashbench.run.interpreter); `main` rebuilds the spec from its JSON file. That file holds the URL
+(see crashbench.control.interpreter); `main` rebuilds the spec from its JSON file. That file holds the URL
 with its password masked; the real one comes in the environment (URL_ENV), never on a command line.
 """
 
@@ -26,25 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import redis
-
+from crashbench.control import connect
+from crashbench.control.connect import DOWN
+from crashbench.control.interpreter import URL_ENV
 from crashbench.designs import Design, LibraryDesign, load_design
-from crashbench.evidence.ledger import LedgerWriter
+from crashbench.model.ledger import LedgerWriter
 from crashbench.model.queue import DesignSettings, Job
 from crashbench.model.workload import Workload
-from crashbench.run import connect
-from crashbench.run.interpreter import URL_ENV
-from crashbench.run.redact import redact_url, secrets_of
+from crashbench.redact import redact_url, secrets_of
 
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
-# What a client sees while the server is down, restarting, loading its data or demoted; on a cluster,
-# also while a slot's primary is down and not yet replaced (CLUSTERDOWN, a slot map that says nothing),
-# and on a plain connection to a primary just demoted (MOVED: the harness's reader, until it reconnects).
-DOWN = (
-    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError,
-    redis.exceptions.ClusterError, redis.exceptions.TryAgainError, redis.exceptions.SlotNotCoveredError,
-    redis.exceptions.MovedError,
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +93,7 @@ def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
 
 def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     """A library adapter's worker: the library's own loop, with its own signal handling; its task
-    (crashbench.run.task.handle) finds the ledger and the workload through the environment, which also
+    (crashbench.designs.handler.handle) finds the ledger and the workload through the environment, which also
     reaches the children the library forks."""
     os.environ["CRASHBENCH_LEDGER"] = str(ledger_path)
     os.environ["CRASHBENCH_WORKLOAD"] = spec.workload.to_json()

@@ -1,5 +1,5 @@
 """An embedded Redis Cluster: N primaries, each with R replicas, on loopback ports, from the same server
-binary as the embedded server (crashbench.run.server), set up with nothing but the server's own
+binary as the embedded server (crashbench.control.server), set up with nothing but the server's own
 CLUSTER commands.
 
 Every node is an EmbeddedServer (its own temporary directory, persistence off, its own session, dying
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import redis
 
+from crashbench.control import workdirs
+from crashbench.control.connect import cluster_nodes
+from crashbench.control.proxyctl import ProxyProcess
+from crashbench.control.server import EmbeddedServer, free_port
 from crashbench.errors import ServerUnavailable
-from crashbench.faults.proxyctl import ProxyProcess
-from crashbench.run import workdirs
-from crashbench.run.connect import cluster_nodes
-from crashbench.run.server import EmbeddedServer, free_port
 
 SLOTS = 16384
 # Failure detection (a node unreachable this long is suspected) and, below it, how often every pair of
@@ -127,7 +127,7 @@ class EmbeddedCluster:
 
     @property
     def url(self) -> str:
-        """The cluster's URL: its first primary, which the client asks for the rest (crashbench.run.connect)."""
+        """The cluster's URL: its first primary, which the client asks for the rest (crashbench.control.connect)."""
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
 
     def primary_nodes(self) -> list[ClusterNode]:

@@ -1,4 +1,4 @@
-"""The task a library worker runs (`crashbench.run.task.handle`): the same handler as crashbench's own
+"""The task a library worker runs (`crashbench.designs.handler.handle`): the same handler as crashbench's own
 worker loop, writing the same ledger. Library adapters enqueue it by this dotted name.
 
 It runs in whatever process the library chooses (RQ forks a work horse per job, Celery a pool
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from crashbench.evidence.ledger import LedgerWriter
+from crashbench.model.ledger import LedgerWriter
 from crashbench.model.workload import Workload
 
 _opened: tuple[int, LedgerWriter, Workload] | None = None

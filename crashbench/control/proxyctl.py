@@ -1,4 +1,4 @@
-"""crashbench's side of the network fault proxy (crashbench.faults.proxy, a process of its own): start
+"""crashbench's side of the network fault proxy (crashbench.control.proxy, a process of its own): start
 it in front of one or more targets, read its ports, tell it the toxics, close it."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ProxyProcess:
         to = [f"{host}:{port}" for host, port in targets]
         with log.open("ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "crashbench.faults.proxy", *to],
+                [sys.executable, "-m", "crashbench.control.proxy", *to],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
             )  # fmt: skip
         assert self.proc.stdout is not None and self.proc.stdin is not None

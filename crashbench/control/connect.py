@@ -198,6 +198,16 @@ def resolve(url: str, client: redis.Redis) -> str:
     return urlunsplit((f"{parts.scheme}+cluster", parts.netloc, "", parts.query, parts.fragment))
 
 
+# What a client sees while the server is down, restarting, loading its data or demoted; on a cluster,
+# also while a slot's primary is down and not yet replaced (CLUSTERDOWN, a slot map that says nothing),
+# and on a plain connection to a primary just demoted (MOVED: the harness's reader, until it reconnects).
+DOWN = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, redis.ReadOnlyError,
+    redis.exceptions.ClusterError, redis.exceptions.TryAgainError, redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.MovedError,
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One line of CLUSTER NODES."""

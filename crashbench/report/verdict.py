@@ -1,7 +1,7 @@
 """A saved result's verdict computed again: its summary, every threshold result, how many thresholds
 each run was checked against, and its status, from its runs (recounted from the timeline, when it has
 one) and the scenario it carries, through the functions a measured run goes through
-(crashbench.report.results.summarize, crashbench.run.session.evaluate), and compared with what the
+(crashbench.model.results.summarize, crashbench.run.session.evaluate), and compared with what the
 file says. Counts that reproduce prove nothing about a verdict written beside them: a status edited
 from fail to pass, or a median edited, would otherwise read as "reproduced" and `show` exit 0.
 
@@ -11,7 +11,7 @@ status edited to match is not seen), and a relative threshold is only as good as
 
 Results saved by an older crashbench are read the way their runs are (`compatible`): a field their
 file does not have is not compared, nor a count added by a later schema version than the file's
-(crashbench.report.results.ADDED_COUNTS); a count their summary lacks reads as the count's default, as a
+(crashbench.model.results.ADDED_COUNTS); a count their summary lacks reads as the count's default, as a
 count their runs lack does; the default thresholds (undrained == 0, ...), which results saved before
 them do not list, are left out of the listing of such a file, but not out of its status. The status
 is compared as the file states it and as its listed thresholds give it (what show and the gate act
@@ -28,12 +28,12 @@ from typing import Any
 
 from crashbench.errors import CrashbenchError
 from crashbench.model.counts import Counts
+from crashbench.model.results import DesignRun, Result, Stats, counts_unknown_to, jsonable, summarize
+from crashbench.model.thresholds import COUNT_NAMES, Threshold, ThresholdSyntaxError, parse
 from crashbench.report import store
-from crashbench.report.results import DesignRun, Result, Stats, counts_unknown_to, jsonable, summarize
 from crashbench.run.session import evaluate
-from crashbench.scenario.thresholds import COUNT_NAMES, Threshold, ThresholdSyntaxError, parse
 
-DEFAULT_SOURCE = "default"  # crashbench.scenario.thresholds.defaults: implied, not written by anyone
+DEFAULT_SOURCE = "default"  # crashbench.model.thresholds.defaults: implied, not written by anyone
 
 
 def command_line(result: Result) -> list[Threshold]:

@@ -37,7 +37,7 @@ class WorkerPython:
         # The server's URL, once the session knows it: handed to workers through their environment
         # (crashbench.run.worker.URL_ENV), because argv is public in `ps` and may carry a password.
         self.redis_url: str | None = None
-        # The package itself (this module is crashbench/run/interpreter.py), wherever it is installed.
+        # The package itself (this module is crashbench/control/interpreter.py), wherever it is installed.
         package = Path(__file__).resolve().parent.parent
         (path_dir / "crashbench").symlink_to(package, target_is_directory=True)
 

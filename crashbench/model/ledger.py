@@ -35,7 +35,7 @@ from threading import get_ident
 from typing import BinaryIO
 
 from crashbench import jobids
-from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
+from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
 
 __all__ = ["Execution", "Executions", "Ledger", "LedgerProblem", "LedgerWriter"]
 

@@ -1,6 +1,6 @@
 """The server a session runs on: the user's (--redis-url), a private embedded one, or a private
 Redis Cluster (--cluster) of embedded servers; stopped and removed when the session ends.
-Above both crashbench.run.server and crashbench.run.cluster, which it chooses between."""
+Above both crashbench.control.server and crashbench.control.cluster, which it chooses between."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 import redis
 
+from crashbench.control import connect
+from crashbench.control.cluster import EmbeddedCluster
+from crashbench.control.server import EmbeddedServer, describe, find_server_binary
 from crashbench.errors import ServerUnavailable, UsageError
-from crashbench.run import connect
-from crashbench.run.cluster import EmbeddedCluster
-from crashbench.run.redact import redact_text, redact_url
-from crashbench.run.server import EmbeddedServer, ServerInfo, describe, find_server_binary
+from crashbench.model.server import ServerInfo
+from crashbench.redact import redact_text, redact_url
 
 
 @contextlib.contextmanager
@@ -24,10 +25,11 @@ def open_server(
     persistence: str = "none",
     cluster: tuple[int, int] | None = None,
     partitionable: bool = False,
-) -> Iterator[ServerInfo]:
+) -> Iterator[tuple[ServerInfo, EmbeddedCluster | None]]:
     """The server for a session: the one at `redis_url`, or a private one (with `persistence`) stopped
     on exit; with `cluster` (primaries, replicas per primary), a private cluster, its bus behind the
-    fault proxy if `partitionable`."""
+    fault proxy if `partitionable`. Yields the server and, for a private cluster, the cluster itself
+    (which a cluster fault may fault: crashbench.faults.cluster)."""
     if cluster is not None:
         if redis_url:
             raise UsageError(
@@ -37,8 +39,7 @@ def open_server(
         embedded = EmbeddedCluster(find_server_binary(binary), *cluster, partitionable=partitionable)
         try:
             embedded.start()
-            info = describe(embedded.url, "embedded", str(embedded.binary))
-            yield dataclasses.replace(info, embedded_cluster=embedded)
+            yield describe(embedded.url, "embedded", str(embedded.binary)), embedded
         finally:
             embedded.stop()
         return
@@ -62,12 +63,12 @@ def open_server(
             raise ServerUnavailable(
                 f"bad --redis-url {redact_url(redis_url)!r}: {redact_text(str(exc), redis_url)}"
             ) from None
-        yield info
+        yield info, None
         return
     server = EmbeddedServer(find_server_binary(binary), persistence)
     try:
         server.start()
         assert server.proc is not None
-        yield dataclasses.replace(describe(server.url, "embedded", str(server.binary)), pid=server.proc.pid)
+        yield dataclasses.replace(describe(server.url, "embedded", str(server.binary)), pid=server.proc.pid), None
     finally:
         server.stop()

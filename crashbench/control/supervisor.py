@@ -2,7 +2,7 @@
 
 Workers are forked from a process that has already imported redis-py and the design, so a
 replacement is ready in milliseconds instead of the ~0.3 s a cold `python -c 'import redis'` costs:
-the run's fork server (crashbench.run.zygote), whose size does not grow with the run's, once it has
+the run's fork server (crashbench.control.zygote), whose size does not grow with the run's, once it has
 one, else the runner itself. Either way a worker is the runner's child. Each worker is a real,
 separate process in its own session (a terminal's Ctrl-C reaches crashbench only, which then stops
 workers in order) and dies with its parent (PR_SET_PDEATHSIG on Linux).
@@ -15,7 +15,7 @@ start time too.
 
 Escapees (a work horse that left its worker's process group and outlived it): `stop_all` ends
 whatever is left in the workers' sessions, and a watchdog does so if crashbench is SIGKILLed
-(crashbench.run.reaper).
+(crashbench.control.reaper).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from typing import NoReturn
 
 import psutil
 
-from crashbench.model.queue import SLOT_ENV
-from crashbench.run.reaper import (
+from crashbench.control.reaper import (
     STOPS,
     Watchdog,
     become_subreaper,
@@ -44,7 +43,8 @@ from crashbench.run.reaper import (
     log_to,
     stat_fields,
 )
-from crashbench.run.zygote import Zygote
+from crashbench.control.zygote import Zygote
+from crashbench.model.queue import SLOT_ENV
 
 # Every signal a fault may send that a process can ignore (crashbench.scenario.settings.FAULT_SIGNALS,
 # bar SIGKILL and SIGSTOP), and SIGCHLD: a worker starts with the defaults, as a deployed one does (a
@@ -119,7 +119,7 @@ class Supervisor:
         self.zygote: Zygote | None = None
 
     def start_zygote(self) -> None:
-        """Fork workers from now on from a fork server started now (crashbench.run.zygote): started
+        """Fork workers from now on from a fork server started now (crashbench.control.zygote): started
         before this process grows, it keeps a restart as cheap as it is now. Stopped by `stop_all`;
         without one (not Linux, or it failed) workers are forked from here. The watchdog is forked
         now too, for the same reason (see Watchdog.start)."""

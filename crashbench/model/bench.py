@@ -1,5 +1,5 @@
 """Typed results of `crashbench bench` (crashbench.bench), serialized to JSON with a schema version
-and the environment, like a crash run's (crashbench.report.results)."""
+and the environment, like a crash run's (crashbench.model.results)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crashbench.report.results import Environment, Stats, slug
+from crashbench.model.results import Environment, Stats, slug
 
 BENCH_SCHEMA = "crashbench.bench"
 BENCH_SCHEMA_VERSION = 1

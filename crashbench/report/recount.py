@@ -3,7 +3,7 @@ compared with what the result says. The result was computed from the same timeli
 measured (crashbench.evidence.tally), so any difference means the saved timeline is not the record the counts
 came from: a field lost or changed on its way to disk, or a file edited since. The verdict (status,
 threshold results, summary) is computed again from the recounted runs and compared too
-(crashbench.evidence.verdict), and so is the scenario the result carries against the one each run's
+(crashbench.report.verdict), and so is the scenario the result carries against the one each run's
 timeline recorded: the verdict is evaluated from its [expect] tables."""
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from crashbench.errors import CrashbenchError, UsageError
-from crashbench.evidence import tally, verdict
-from crashbench.evidence.timeline import Timeline, TimelineError, read
+from crashbench.evidence import tally
 from crashbench.model.counts import Problem
-from crashbench.report import store
-from crashbench.report.results import DesignRun, Result, counts_unknown_to, jsonable, network_fields_unknown_to
+from crashbench.model.results import DesignRun, Result, counts_unknown_to, jsonable, network_fields_unknown_to
+from crashbench.model.spec import Scenario
+from crashbench.model.thresholds import ThresholdSyntaxError
+from crashbench.model.timeline import Timeline, TimelineError, read
+from crashbench.report import store, verdict
 from crashbench.run.session import replay_scenario
-from crashbench.scenario import Scenario
-from crashbench.scenario.thresholds import ThresholdSyntaxError
 
 # What recount compares: everything computed from the timeline, and which run it is (its label is what
 # thresholds apply to). Not `workdir` (where the evidence sat when it was measured) nor
-# `thresholds_evaluated` (the CI gate's: crashbench.evidence.verdict compares it).
+# `thresholds_evaluated` (the CI gate's: crashbench.report.verdict compares it).
 COMPARED = ("design", "variant", "seed", "repeat", "counts", "timings", "kills", "jobs", "duplicates", "problems",
             "total_queue", "broker_fault", "worker_exits", "network_faults", "schedule", "configuration", "warnings",
             "consumers")  # fmt: skip
@@ -93,7 +93,7 @@ def differences(
     saved: DesignRun, recounted: DesignRun, unknown: Collection[str] = (), unknown_network: Collection[str] = ()
 ) -> list[str]:
     """What differs between the saved run and the recounted one; `unknown`, `unknown_network`: counts
-    and network fault fields the saved file's version does not carry (crashbench.report.results'
+    and network fault fields the saved file's version does not carry (crashbench.model.results'
     ADDED_COUNTS, ADDED_NETWORK_FIELDS), not compared."""
 
     def form(run: DesignRun) -> dict[str, Any]:

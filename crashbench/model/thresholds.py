@@ -34,7 +34,7 @@ from typing import Any
 
 from crashbench.errors import UsageError
 from crashbench.model.counts import Counts
-from crashbench.report.results import DesignRun, Result, ThresholdResult, group, label
+from crashbench.model.results import DesignRun, Result, ThresholdResult, group, label
 
 COUNT_NAMES = tuple(f.name for f in dataclasses.fields(Counts) if f.name != "stranded_at")
 # Held at 0 for every design that has any explicit threshold: what they count was never injected.

@@ -13,7 +13,7 @@ result follow each other, each opened by its `run` line:
     x          one handler execution from the ledgers: j(ob), w(orker), s(tart), d (end; null: the
                worker died inside), f (1: it raised), p(id), x (thread), a (its ack returned; null:
                not acked, or a library's worker, which cannot tell), n (1: the ack found nothing)
-    ledger_problem  a ledger record that did not fit (crashbench.evidence.ledger)
+    ledger_problem  a ledger record that did not fit (crashbench.model.ledger)
     planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
     net        a network fault as executed: index, toxic, slots, at, healed_at, target
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from crashbench import files
-from crashbench.evidence.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.evidence.ledger import LedgerProblem
 from crashbench.jobids import JobIds
 from crashbench.model.counts import Problem
+from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.model.faults import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
+from crashbench.model.ledger import LedgerProblem
 from crashbench.model.queue import Located, QueueState, Receipts, StreamEnd
 from crashbench.model.stored import Consumer
 

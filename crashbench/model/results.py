@@ -5,24 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import platform
 import re
 import statistics
-import subprocess
-import sys
 import time
 import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from crashbench import __version__, files
-from crashbench.evidence import timeline
-from crashbench.evidence.timeline import Timeline
+from crashbench import files
+from crashbench.model import timeline
 from crashbench.model.counts import Counts, Problem, TotalQueue
 from crashbench.model.faults import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.model.faults import Fault as Fault
@@ -30,8 +24,7 @@ from crashbench.model.faults import KillRecord as KillRecord
 from crashbench.model.faults import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.model.faults import WorkerExit as WorkerExit
 from crashbench.model.stored import Consumer
-from crashbench.run import connect
-from crashbench.run.server import ServerInfo
+from crashbench.model.timeline import Timeline
 
 SCHEMA = "crashbench.result"
 # 2: repeats, thresholds, result ids, the fault schedule and the machine; 3: redeliveries; 4: each
@@ -39,7 +32,7 @@ SCHEMA = "crashbench.result"
 SCHEMA_VERSION = 4
 READS = (2, 3, 4)  # the versions this crashbench reads
 # The counts each version added: a file of an older version never had them, so recount and the
-# verdict's check do not compare them (crashbench.evidence.recount, crashbench.evidence.verdict).
+# verdict's check do not compare them (crashbench.report.recount, crashbench.report.verdict).
 ADDED_COUNTS = {3: ("redelivered", "redeliveries", "taken_by_stop")}
 # The same for the fields of each network fault.
 ADDED_NETWORK_FIELDS = {4: ("slot_resume_ms", "slowest_resume_ms")}
@@ -364,48 +357,6 @@ def _build(tp: Any, data: Any, where: str = "result") -> Any:
     if tp is str and not isinstance(data, str):
         raise wrong("a string")
     return data
-
-
-def _git(*args: str) -> str | None:
-    try:
-        cp = subprocess.run(
-            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return cp.stdout.strip() if cp.returncode == 0 else None
-
-
-def environment(server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None) -> Environment:
-    """Versions of everything that shaped the figures; the commit is crashbench's own checkout, if any."""
-    commit = _git("rev-parse", "HEAD")
-    # Saved results are not code: a make target that clears its result directory first, then measures,
-    # is measuring the commit all the same.
-    status = (
-        _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")
-        if commit
-        else None
-    )
-    return Environment(
-        crashbench=__version__,
-        python=platform.python_version(),
-        redis_py=metadata.version("redis"),
-        platform=f"{platform.system()} {platform.release()} {platform.machine()} ({sys.platform})",
-        machine=platform.node(),
-        cpus=os.cpu_count() or 1,
-        server_name=server.name,
-        server_version=server.version,
-        server_binary=server.binary,
-        server_mode=server.mode,
-        server_primaries=server.primaries,
-        server_replicas=server.replicas,
-        server_url=server.shown_url,
-        server_db=connect.database_of(server.url),
-        commit=commit,
-        dirty=bool(status) if status is not None else None,
-        libraries=libraries,
-        worker_python=worker_python,
-    )
 
 
 def now_iso() -> str:
