@@ -12,6 +12,7 @@ import pytest
 from crashbench.errors import ExitCode, UnexpectedError
 from crashbench.evidence import tally
 from crashbench.evidence.checker import History, Section, Sections, checker, compose, crashed, merged_counts
+from crashbench.faults import registry
 from crashbench.model.results import Result
 from crashbench.model.timeline import Timeline
 from crashbench.report import recount
@@ -67,14 +68,16 @@ def test_a_checker_that_raises_is_unknown_with_its_error_and_the_others_still_ru
 def test_a_run_whose_checker_raises_ends_with_exit_5_naming_it_never_with_counts() -> None:
     tl, _ = saved_timeline()
     with pytest.raises(UnexpectedError, match="checker raises raised, its verdict is unknown") as caught:
-        tally.design_run(tl, checkers=[*tally.CHECKERS, raises])
+        tally.design_run(tl, checkers=[*registry.checkers(), raises])
     assert caught.value.exit_code == ExitCode.UNEXPECTED
 
 
-def test_the_default_checkers_give_the_saved_run_s_counts_again() -> None:
+def test_the_run_s_checkers_give_the_saved_run_s_counts_again() -> None:
+    """The core checkers, then each fault family's (the broker's and the cluster's one shared checker
+    once): the saved run's counts again."""
     tl, result = saved_timeline()
-    again = tally.design_run(tl)
+    again = tally.design_run(tl, registry.checkers())
     assert again.counts == result.runs[0].counts and again.problems == result.runs[0].problems
-    assert [c.name for c in tally.CHECKERS] == [
-        "kills", "evidence", "outcomes", "requeues", "broker", "trim", "recovery", "liveness"
+    assert [c.name for c in registry.checkers()] == [
+        "kills", "evidence", "outcomes", "requeues", "trim", "recovery", "liveness", "broker"
     ]  # fmt: skip

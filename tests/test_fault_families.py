@@ -13,7 +13,9 @@ import pytest
 from crashbench import faults
 from crashbench.faults import registry
 from crashbench.faults.family import FaultFamily, FaultRun
+from crashbench.model import timeline
 from crashbench.model.spec import Scenario
+from crashbench.report import html
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, parse
 
@@ -57,7 +59,7 @@ def guide_family() -> FaultFamily:
 
 
 def test_the_guide_s_family_in_the_registry_alone_is_parsed_planned_and_driven_by_a_real_run(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     marker = guide_family()
     built = []
@@ -77,6 +79,13 @@ def test_the_guide_s_family_in_the_registry_alone_is_parsed_planned_and_driven_b
     (m,) = built
     assert m.fired_at is not None and m.fired_at >= 0.2  # stepped from the run's loop until done
     assert [f.kind for f in result.runs[0].schedule] == ["marker"] and result.runs[0].counts.done == 100
+    # Its history, saved with the timeline and read back; its band and style in the report.
+    path = timeline.write([result.runs[0].timeline], tmp_path / "t.jsonl.gz")
+    (again,) = timeline.read(path)
+    assert [(e.family, e.what, e.t) for e in again.fault_events] == [("marker", "fired", m.fired_at)]
+    page = html.render(result, [again])
+    assert page.count('<g class="band marker">') == 1 and ".band.marker rect{fill:#bbb}" in page
+    assert f"marked at {m.fired_at:.3f} s" in page
 
 
 def test_the_families_keep_the_seed_s_order_the_periodic_group_then_entries_then_the_broker() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from crashbench.evidence.tally import liveness
+from crashbench.faults.network import liveness
 from crashbench.model.faults import NetworkFaultRecord
 from crashbench.report.render import network_line
 

@@ -23,6 +23,8 @@ from crashbench.cli import cli
 from crashbench.cli.common import OVERRIDES
 from crashbench.designs import Design
 from crashbench.errors import ExitCode
+from crashbench.evidence import tally
+from crashbench.evidence.checker import Checker
 from crashbench.faults import registry
 from crashbench.model.counts import Counts
 from crashbench.model.spec import Scenario
@@ -194,12 +196,23 @@ def design_interface() -> Iterator[str]:
 
 def fault_families() -> Iterator[str]:
     yield "## Fault families\n"
-    yield "Each `[[faults]]` entry belongs to the family of its `kind` (`crashbench.faults.registry`).\n"
-    yield "| Family | Kinds | Keys | What it does |\n|---|---|---|---|"
+    yield (
+        "Each `[[faults]]` entry belongs to the family of its `kind` (`crashbench.faults.registry`). A family's "
+        "checkers run after the core ones (" + ", ".join(f"`{c.name}`" for c in tally.CHECKERS) + ") and give "
+        "its section of the result.\n"
+    )
+    yield "| Family | Kinds | Keys | What it does | Its checkers |\n|---|---|---|---|---|"
     for f in registry.FAMILIES:
         kinds = ", ".join(f"`{k}`" for k in f.kinds)
-        yield f"| `{f.name}` | {kinds} | {', '.join(f'`{k}`' for k in f.keys)} | {_cell(f.summary)} |"
+        checks = "; ".join(f"`{c.name}`: {_first_sentence(c)}" for c in f.checkers) or "-"
+        yield f"| `{f.name}` | {kinds} | {', '.join(f'`{k}`' for k in f.keys)} | {_cell(f.summary)} | {_cell(checks)} |"
     yield ""
+
+
+def _first_sentence(c: Checker) -> str:
+    """A checker's docstring's first sentence (a function checker's is its function's)."""
+    doc = " ".join((getattr(c, "fn", c).__doc__ or "").split())
+    return doc.split(". ")[0].rstrip(".")
 
 
 def counts() -> Iterator[str]:

@@ -35,14 +35,15 @@ class History:
 @dataclass(slots=True)
 class Section:
     """One checker's part of the result: the counts it sets, the evidence problems it found, the ids it
-    names by class, and what later checkers or the result need from it (`facts`). `error`: the checker
-    raised; its verdict is unknown."""
+    names by class, what later checkers or the result need from it (`facts`), and the result's records
+    it settles (`fields`: a network fault's liveness). `error`: the checker raised; its verdict is unknown."""
 
     name: str
     counts: dict[str, Any] = field(default_factory=dict)  # Counts' fields, by name
     problems: list[Problem] = field(default_factory=list)
     jobs: dict[str, list[str]] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)  # the result's (DesignRun's) fields it settles
     error: str | None = None
 
     @property

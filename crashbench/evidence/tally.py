@@ -23,7 +23,7 @@ from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
 from crashbench.model.counts import Counts
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.model.faults import JOB_SAMPLE, NetworkFaultRecord
+from crashbench.model.faults import JOB_SAMPLE
 from crashbench.model.results import DesignRun, KillRecord, Timings
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
@@ -34,43 +34,6 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
     return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
-def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
-    """What the queue did after a network fault healed, from the ledgers and the harness's readings:
-    how soon its slots started a handler again, how soon anything completed, how soon it drained,
-    completions per second before, during and after it, and which of its slots never resumed although
-    jobs waited (another slot started one, or the harness read pending jobs, after the heal)."""
-    if nf.healed_at is None:
-        return nf
-    healed, slot_of = nf.healed_at, tl.slot_of()
-    starts = [(ex.start, slot_of.get(ex.worker)) for ex in tl.executions if ex.start >= healed]
-
-    def after(t: float | None) -> float | None:
-        return round((t - healed) * 1000, 3) if t is not None else None
-
-    if nf.target == "producer":  # resumed: its first acknowledged enqueue after the heal
-        nf.resume_ms = nf.slowest_resume_ms = after(
-            min((e.t for e in tl.enqueues if e.ok and e.t >= healed), default=None)
-        )
-    else:
-        first: dict[int, float] = {}  # each faulted slot's first handler start after the heal
-        for t, s in starts:
-            if s in nf.slots and (s not in first or t < first[s]):
-                first[s] = t
-        nf.resume_ms = after(min(first.values(), default=None))
-        if nf.target != "replica":
-            nf.slot_resume_ms = [after(first.get(s)) for s in nf.slots]
-            nf.slowest_resume_ms = after(max(first.values())) if first and len(first) == len(nf.slots) else None
-    ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
-    nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None
-    nf.drained_ms = round((tl.drained_at - healed) * 1000, 3) if tl.drained else None
-    waited = any(s not in nf.slots for _, s in starts) or any(d.t >= healed and d.pending for d in tl.depth)
-    nf.stuck = [s for s in nf.slots if waited and s not in {s2 for _, s2 in starts}]
-    span = max(healed - nf.at, 0.001)
-    done = [ex.end for ex in tl.executions if ex.completed and ex.end is not None]
-    nf.per_s = [round(sum(1 for t in done if lo <= t < lo + span) / span, 2) for lo in (nf.at - span, nf.at, healed)]
-    return nf
 
 
 def _duplicates(runs: Executions, ids: AbstractSet[str]) -> dict[str, int]:
@@ -158,23 +121,6 @@ def _requeues(h: History, before: Sections) -> Section:
     )
 
 
-@checker("broker")
-def _broker(h: History, before: Sections) -> Section:
-    """What a broker or cluster fault took: jobs held at the fault, not on the promoted replica,
-    acknowledged during the replica's lag; never completed."""
-    tl, done = h.timeline, before.fact("outcomes", "classes")["done"]
-    counts = {"held_at_fault": sum(1 for j in set(tl.held_at_fault) if j not in done)}
-    if tl.broker_fault is not None and tl.broker_fault.promoted_held is not None:
-        # Acknowledged ones only: an enqueue WAIT did not confirm is indeterminate, not lost, if it is gone.
-        promoted, indeterminate = set(tl.held_after_promotion), tl.indeterminate
-        counts["not_replicated"] = sum(
-            1 for j in set(tl.held_at_fault) if j not in promoted and j not in done and j not in indeterminate
-        )
-    if tl.produced:
-        counts["acked_during_lag"] = sum(1 for j in tl.acked_during_lag if j not in done)
-    return Section("broker", counts=counts)
-
-
 @checker("trim")
 def _trim(h: History, before: Sections) -> Section:
     """Which lost jobs a trimmed stream no longer holds (crashbench.evidence.trim)."""
@@ -204,20 +150,13 @@ def _recovery(h: History, before: Sections) -> Section:
     return Section("recovery", counts={"unrecovered": unrecovered}, facts={"recoveries": recoveries})
 
 
-@checker("liveness")
-def _liveness(h: History, before: Sections) -> Section:
-    """After each network fault: how soon its slots resumed, and those that never did."""
-    network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), h.timeline) for nf in h.timeline.network]
-    return Section(
-        "liveness", counts={"stuck_workers": len({s for nf in network for s in nf.stuck})}, facts={"network": network}
-    )
+# The core checkers; each fault family adds its own after them (crashbench.faults.registry.checkers).
+CHECKERS: tuple[Checker, ...] = (_kills, _evidence, _outcomes, _requeues, _trim, _recovery)
 
 
-CHECKERS: tuple[Checker, ...] = (_kills, _evidence, _outcomes, _requeues, _broker, _trim, _recovery, _liveness)
-
-
-def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRun:
-    """The run's result from its timeline alone: its checkers composed (crashbench.evidence.checker). A
+def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
+    """The run's result from its timeline alone: its checkers composed (crashbench.evidence.checker; the
+    run's are crashbench.faults.registry.checkers(): the core ones and every fault family's). A
     checker that raised leaves its verdict unknown: the others still ran, and the run ends with its
     error (exit 5), never with counts it did not check."""
     h = History.of(tl)
@@ -227,7 +166,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRu
     c = merged_counts(sections)
     records = sections.fact("kills", "records")
     classes = sections.fact("outcomes", "classes")
-    return DesignRun(
+    run = DesignRun(
         design=tl.spec,
         variant=tl.variant,
         prefix=tl.prefix,
@@ -235,7 +174,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRu
         counts=c,
         timings=_timings(tl, h.scenario, records, c.done, sections.fact("recovery", "recoveries")),
         kills=records,
-        network_faults=sections.fact("liveness", "network"),
+        network_faults=list(tl.network),
         repeat=tl.repeat,
         schedule=tl.planned,
         broker_fault=tl.broker_fault,
@@ -250,6 +189,8 @@ def design_run(tl: Timeline, checkers: Sequence[Checker] = CHECKERS) -> DesignRu
         consumers=list(tl.located.consumers),
         timeline=tl,
     )
+    # What a family's checker settled of its own records (a network fault's liveness) replaces them.
+    return dataclasses.replace(run, **{k: v for s in sections.values() for k, v in s.fields.items()})
 
 
 def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidence.Redelivery:

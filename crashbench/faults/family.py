@@ -3,10 +3,13 @@ a nemesis with its generator (nemesis/combined.clj).
 
 A family declares its `[[faults]]` kinds and keys and validates an entry; plans its faults from the
 seed (from its own scenario section, and from each of its entries); builds, from the run, the driver
-that injects and heals them from the run's loop; and writes what it did into the run's history (the
-timeline). The scenario parser, the planner and the runner know families only through this interface
-and the registry (crashbench.faults.registry): a new family is one module (or package), its tests and
-one line there. docs/how-to/add-a-fault-family.md walks through one.
+that injects and heals them from the run's loop; writes what it did into the run's history (the
+timeline); contributes its checkers, which turn that history into its section of the result (counts
+such as held_at_fault or stuck_workers); and says how the report draws it (marks on the worker lanes,
+bands over them, and the CSS of their classes). The scenario parser, the planner, the runner, the
+checkers' composition and the report know families only through this interface and the registry
+(crashbench.faults.registry): a new family is one module (or package), its tests and one line there.
+docs/how-to/add-a-fault-family.md walks through one.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from crashbench.evidence.checker import Checker
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 
 class Driver(Protocol):
@@ -64,6 +69,10 @@ def no_problems(entry: Entry, n: int, scenario: Scenario) -> list[str]:
     return []
 
 
+def no_combinations(scenario: Scenario) -> list[str]:
+    return []
+
+
 def no_faults(scenario: Scenario, start: int, rng: random.Random) -> list[Fault]:
     return []
 
@@ -81,6 +90,42 @@ def no_history(driver: Driver) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """A fault that struck one worker lane at one moment, as the report draws it: a cross on lane `slot`
+    at `at` (seconds since the workers started), `span` seconds shaded after it (a pause), `job` the job
+    it hit (empty: none). `css`: its classes, which the family's `css` styles."""
+
+    at: float
+    slot: int
+    css: str
+    tip: str
+    job: str = ""
+    span: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A stretch of the run under a fault, as the report draws it: over the lanes of `slots` (None: across
+    every lane, for the server or a connection that is no worker's), from `at` to `until` (None: the end
+    of the chart), `label` above it, `tip` on hover. `css`: its classes, which the family's `css` styles."""
+
+    at: float
+    until: float | None
+    css: str
+    label: str
+    tip: str
+    slots: tuple[int, ...] | None = None
+
+
+def no_marks(tl: Timeline) -> list[Mark]:
+    return []
+
+
+def no_bands(tl: Timeline) -> list[Band]:
+    return []
+
+
+@dataclass(frozen=True, slots=True)
 class FaultFamily:
     """One family of faults. Every hook has a default that does nothing, so a family declares only what
     it has."""
@@ -91,6 +136,9 @@ class FaultFamily:
     keys: tuple[str, ...]  # the keys its entries take
     # An entry's problems, one line each ("[[faults]] <family> entry <n>: ..."); `n` counts from 1.
     problems: Callable[[Entry, int, Scenario], list[str]] = no_problems
+    # What is wrong with its entries together, or with the rest of the spec (a network fault's target
+    # with a broker fault), one line each.
+    combinations: Callable[[Scenario], list[str]] = no_combinations
     # Its faults from its own scenario section (the [faults] group, [broker]), numbered from `start`.
     section: Callable[[Scenario, int, random.Random], list[Fault]] = no_faults
     section_first: bool = False  # its section is drawn before the entries (the seed's order)
@@ -104,8 +152,17 @@ class FaultFamily:
     # It faults the server: in each tick its driver steps after the producer's enqueue, which its fault
     # then meets; the others' (a fault on the connections) before it.
     on_server: bool = False
-    # What it did, as Timeline fields (crashbench.model.timeline): records, readings, marks.
+    # What it did, as Timeline fields (crashbench.model.timeline): records, readings, marks; a family
+    # with no field of its own gives "fault_events" (FaultEvent: every family's are kept, in order).
     history: Callable[[Driver], dict[str, Any]] = no_history
+    # Its sections of the result (crashbench.evidence.checker), composed after the core checkers
+    # (crashbench.evidence.tally.CHECKERS), in the registry's order; one checker shared by two families
+    # runs once.
+    checkers: tuple[Checker, ...] = ()
+    # How the report draws what it did (crashbench.report.lanes), and the CSS rules for their classes.
+    marks: Callable[[Timeline], list[Mark]] = no_marks
+    bands: Callable[[Timeline], list[Band]] = no_bands
+    css: str = ""
 
     def owns(self, entry: Entry) -> bool:
         return entry.get("kind", DEFAULT_KIND) in self.kinds

@@ -3,16 +3,21 @@ connections through crashbench's proxy (crashbench.control.proxy: latency, bandw
 limit_data, timeout, reset_peer, down), or the kernel's own faults in a network namespace per worker
 slot (crashbench.faults.netns: drop, reject, loss; root only). `[[faults]]` entries of kind =
 "network"; the driver is crashbench.faults.injector.NetworkFaults, on the run's network
-(crashbench.run.network), which the run starts before its workers when it plans any of these."""
+(crashbench.run.network), which the run starts before its workers when it plans any of these. Its
+checker tells each fault's liveness (how soon its slots resumed after the heal; stuck_workers); the
+report draws each as a band over the lanes it hit, or across them for the producer or replica link."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, Entry, FaultFamily, FaultRun
-from crashbench.model.faults import Fault
+from crashbench.evidence.checker import History, Section, Sections, checker
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun
+from crashbench.model.faults import Fault, NetworkFaultRecord
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 TOXIC_ATTRIBUTES = (
     "latency", "jitter", "rate", "average_size", "size_variation", "delay", "bytes", "timeout", "probability",
@@ -112,6 +117,31 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     return p
 
 
+def combinations(sc: Scenario) -> list[str]:
+    """Network faults the proxy can make in this run: it follows one server, so worker and producer
+    targets do not mix with a broker fault (workers re-read the server's address after one and would
+    bypass it), and the replica link exists only in a failover run."""
+    p = []
+    network = [e for e in sc.schedule if isinstance(e, dict) and e.get("kind") == "network"]
+    if {e.get("toxic") in PARTITION_TOXICS for e in network} == {True, False}:
+        p.append(
+            "[[faults]]: a run uses the proxy's toxics or network partitions (drop, reject, loss), not both: "
+            "a worker in a namespace cannot reach the proxy"
+        )
+    for n, e in enumerate(sc.schedule, 1):
+        if not isinstance(e, dict) or e.get("kind") != "network":
+            continue
+        target = e.get("target", "workers")
+        if target == "replica" and sc.fault != "failover":
+            p.append(f'[[faults]] network entry {n}: target = "replica" needs a failover run (fault = "failover")')
+        elif target in ("workers", "producer") and sc.fault != "none":
+            p.append(
+                f'[[faults]] network entry {n}: target = "{target}" cannot be combined with a broker fault '
+                f'({sc.fault}): the proxy follows one server; use target = "replica" in a failover run'
+            )
+    return p
+
+
 def driver(run: FaultRun) -> Driver | None:
     from crashbench.faults.injector import NetworkFaults
 
@@ -128,13 +158,85 @@ def history(d: Driver) -> dict[str, Any]:
     return {"network": d.records}  # type: ignore[attr-defined]
 
 
+def liveness(nf: NetworkFaultRecord, tl: Timeline) -> NetworkFaultRecord:
+    """What the queue did after a network fault healed, from the ledgers and the harness's readings:
+    how soon its slots started a handler again, how soon anything completed, how soon it drained,
+    completions per second before, during and after it, and which of its slots never resumed although
+    jobs waited (another slot started one, or the harness read pending jobs, after the heal)."""
+    if nf.healed_at is None:
+        return nf
+    healed, slot_of = nf.healed_at, tl.slot_of()
+    starts = [(ex.start, slot_of.get(ex.worker)) for ex in tl.executions if ex.start >= healed]
+
+    def after(t: float | None) -> float | None:
+        return round((t - healed) * 1000, 3) if t is not None else None
+
+    if nf.target == "producer":  # resumed: its first acknowledged enqueue after the heal
+        nf.resume_ms = nf.slowest_resume_ms = after(
+            min((e.t for e in tl.enqueues if e.ok and e.t >= healed), default=None)
+        )
+    else:
+        first: dict[int, float] = {}  # each faulted slot's first handler start after the heal
+        for t, s in starts:
+            if s in nf.slots and (s not in first or t < first[s]):
+                first[s] = t
+        nf.resume_ms = after(min(first.values(), default=None))
+        if nf.target != "replica":
+            nf.slot_resume_ms = [after(first.get(s)) for s in nf.slots]
+            nf.slowest_resume_ms = after(max(first.values())) if first and len(first) == len(nf.slots) else None
+    ends = sorted(ex.end for ex in tl.executions if ex.completed and ex.end is not None and ex.end >= healed)
+    nf.progress_ms = round((ends[0] - healed) * 1000, 3) if ends else None
+    nf.drained_ms = round((tl.drained_at - healed) * 1000, 3) if tl.drained else None
+    waited = any(s not in nf.slots for _, s in starts) or any(d.t >= healed and d.pending for d in tl.depth)
+    nf.stuck = [s for s in nf.slots if waited and s not in {s2 for _, s2 in starts}]
+    span = max(healed - nf.at, 0.001)
+    done = [ex.end for ex in tl.executions if ex.completed and ex.end is not None]
+    nf.per_s = [round(sum(1 for t in done if lo <= t < lo + span) / span, 2) for lo in (nf.at - span, nf.at, healed)]
+    return nf
+
+
+@checker("liveness")
+def _liveness(h: History, before: Sections) -> Section:
+    """After each network fault: how soon its slots resumed, and those that never did (stuck_workers)."""
+    network = [liveness(dataclasses.replace(nf, slots=list(nf.slots)), h.timeline) for nf in h.timeline.network]
+    stuck = len({s for nf in network for s in nf.stuck})
+    return Section("liveness", counts={"stuck_workers": stuck}, fields={"network_faults": network})
+
+
+def bands(tl: Timeline) -> list[Band]:
+    """Each fault over the lanes it hit; one on the producer's or the replica link's connection, which is
+    no lane's, faintly across them all."""
+    out = []
+    for nf in tl.network:
+        when = (
+            f"{nf.at:.3f} s to {nf.healed_at:.3f} s"
+            if nf.healed_at is not None
+            else f"from {nf.at:.3f} s, never healed"
+        )
+        if nf.target == "workers":
+            on = f"slot{'s' if len(nf.slots) != 1 else ''} {', '.join(map(str, nf.slots))}"
+            tip = f"network {nf.toxic} on {on}: {when}"
+            out.append(Band(nf.at, nf.healed_at, f"network {nf.toxic}", f"network {nf.toxic}", tip, tuple(nf.slots)))
+        else:
+            what = f"network {nf.toxic} on the {'producer' if nf.target == 'producer' else 'replica link'}"
+            out.append(Band(nf.at, nf.healed_at, f"network elsewhere {nf.toxic}", what, f"{what}: {when}"))
+    return out
+
+
+CSS = """.band.network rect{fill:#9ecae1;fill-opacity:.45;stroke:#3182bd}
+.band.network.elsewhere rect{fill-opacity:.12;stroke-dasharray:4 3}.band-label.network{fill:#1f5f8b}"""
+
 FAMILY = FaultFamily(
     name="network",
     summary="a toxic on connections through the proxy, or a partition of worker slots in network namespaces",
     kinds=("network",),
     keys=KEYS,
     problems=problems,
+    combinations=combinations,
     plan=plan,
     driver=driver,
     history=history,
+    checkers=(_liveness,),
+    bands=bands,
+    css=CSS,
 )

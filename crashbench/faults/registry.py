@@ -3,6 +3,8 @@ family is one module and one line here."""
 
 from __future__ import annotations
 
+from crashbench.evidence import tally
+from crashbench.evidence.checker import Checker
 from crashbench.faults import network, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
@@ -21,3 +23,11 @@ def owner(entry: Entry) -> FaultFamily | None:
 
 def kinds() -> list[str]:
     return [k for f in FAMILIES for k in f.kinds]
+
+
+def checkers() -> tuple[Checker, ...]:
+    """The run's checkers: the core ones (crashbench.evidence.tally), then each family's, once each."""
+    out = list(tally.CHECKERS)
+    for family in FAMILIES:
+        out += [c for c in family.checkers if not any(c is o for o in out)]
+    return tuple(out)

@@ -3,16 +3,20 @@ over to its replica: crashbench.faults.broker) and `cluster` (the run's shard of
 Cluster: kill its primary, CLUSTER FAILOVER, cut it off: crashbench.faults.cluster). A run has at most
 one: its scenario section is `[broker]` (fault, fault_at, downtime), which a `[[faults]]` entry of one
 of their kinds sets. Their drivers are crashbench.faults.injector.BrokerFaults and
-crashbench.faults.cluster.ClusterFaults, with the producer enqueueing meanwhile."""
+crashbench.faults.cluster.ClusterFaults, with the producer enqueueing meanwhile. Both share one checker
+(what the fault took: held_at_fault, not_replicated, acked_during_lag), and the report draws the fault
+as a band across every lane."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from crashbench.faults.family import Driver, Entry, FaultFamily
+from crashbench.evidence.checker import History, Section, Sections, checker
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 KEYS = ("kind", "at", "downtime")
 CLUSTER_KINDS = (
@@ -68,12 +72,46 @@ def history(d: Driver) -> dict[str, Any]:
     }
 
 
+@checker("broker")
+def _broker(h: History, before: Sections) -> Section:
+    """What a broker or cluster fault took: jobs held at the fault, not on the promoted replica,
+    acknowledged during the replica's lag; never completed."""
+    tl, done = h.timeline, before.fact("outcomes", "classes")["done"]
+    counts = {"held_at_fault": sum(1 for j in set(tl.held_at_fault) if j not in done)}
+    if tl.broker_fault is not None and tl.broker_fault.promoted_held is not None:
+        # Acknowledged ones only: an enqueue WAIT did not confirm is indeterminate, not lost, if it is gone.
+        promoted, indeterminate = set(tl.held_after_promotion), tl.indeterminate
+        counts["not_replicated"] = sum(
+            1 for j in set(tl.held_at_fault) if j not in promoted and j not in done and j not in indeterminate
+        )
+    if tl.produced:
+        counts["acked_during_lag"] = sum(1 for j in tl.acked_during_lag if j not in done)
+    return Section("broker", counts=counts)
+
+
+def _bands(kinds: tuple[str, ...]) -> Any:
+    def bands(tl: Timeline) -> list[Band]:
+        f = tl.broker_fault
+        if f is None or {"kill": "broker-kill"}.get(f.kind, f.kind) not in kinds:
+            return []
+        what = {"kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
+        back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
+        return [Band(f.at, f.back_at, f.kind, what, f"{what} at {f.at:.3f} s, {back} (held {f.held_at_fault} jobs)")]
+
+    return bands
+
+
+CSS = ".band.failover rect{fill:#f6d88a}"
+
 BROKER = FaultFamily(
     name="broker",
     summary="SIGKILL the embedded server and restart it on its data, or fail over to its replica",
     kinds=("broker-kill", "failover"),
     keys=KEYS,
     section=_section(("broker-kill", "failover")),
+    checkers=(_broker,),
+    bands=_bands(("broker-kill", "failover")),
+    css=CSS,
     fields=fields,
     on_server=True,
     driver=_driver(on_cluster=False),
@@ -85,6 +123,8 @@ CLUSTER = FaultFamily(
     kinds=CLUSTER_KINDS,
     keys=KEYS,
     section=_section(CLUSTER_KINDS),
+    checkers=(_broker,),
+    bands=_bands(CLUSTER_KINDS),
     fields=fields,
     on_server=True,
     driver=_driver(on_cluster=True),

@@ -9,9 +9,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun
+from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun, Mark
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
 KILL_WHEN = ("mid-job", "any")
 # For workers that are process trees (library workers): the whole tree, only the worker process, or
@@ -87,6 +88,27 @@ def history(d: Driver) -> dict[str, Any]:
     return {"kills": d.records}  # type: ignore[attr-defined]
 
 
+# A signal's look in the report: SIGKILL a kill, SIGTERM a stop asked for, SIGSTOP a pause (any other: a kill's).
+LOOK = {"SIGKILL": "kill", "SIGTERM": "term", "SIGSTOP": "pause"}
+
+
+def marks(tl: Timeline) -> list[Mark]:
+    """Each signal on the lane of the slot it hit; a pause shaded for as long as it lasted (the planned
+    fault's own: a [[faults]] entry may set its pause)."""
+    lasts = {f.index: f.duration for f in tl.planned}
+    out = []
+    for k in tl.kills:
+        look = LOOK.get(k.signal, "kill")
+        hit = ", ".join(k.jobs) if k.jobs else (k.job or "no job")
+        tip = f"{k.signal} {k.worker} at {k.at:.3f} s ({'mid-job: ' + hit if k.mid_job else 'between jobs'})"
+        span = lasts.get(k.index, 0.0) if look == "pause" else 0.0
+        out.append(Mark(k.at, k.slot, look, tip, k.job or "", span))
+    return out
+
+
+CSS = """.fault.kill line,.fault.kill path{stroke:#b00020}.fault.term line,.fault.term path{stroke:#e66100}
+.fault.pause line,.fault.pause path{stroke:#6a3d9a}.pause-span{fill:#6a3d9a;fill-opacity:.16}"""
+
 FAMILY = FaultFamily(
     name="signal",
     summary="a signal to a worker process: SIGKILL, SIGTERM, SIGSTOP (a pause), ...; mid-job or on the clock",
@@ -98,4 +120,6 @@ FAMILY = FaultFamily(
     plan=plan,
     driver=driver,
     history=history,
+    marks=marks,
+    css=CSS,
 )

@@ -20,6 +20,8 @@ result follow each other, each opened by its `run` line:
                -1 when it does not tell), the server ("down", "up", "failover", "replica_cut",
                "rejoined"), the drain's start ("drain"), a pause healed ("resume <worker>")
     broker_fault   the broker fault as executed
+    fault_event    a fault family's own event: family, what, t, data (crashbench.faults.family: a
+               family whose history has no field here writes these)
     depth      the harness's reading of the queue: t, pending, inflight, delayed, dead
     exit       a worker that ended on its own
     held_at_fault   the ids the server held when the broker fault struck (the harness's reading)
@@ -105,6 +107,17 @@ class Mark:
     n: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """A fault family's own event, for what its history holds beyond the fields below (a new family
+    needs no field of its own): the family's name, what happened, when, and its details (JSON values)."""
+
+    family: str
+    what: str
+    t: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class DesignFlags:
     drops_failed: bool = False
@@ -137,6 +150,7 @@ class Timeline:
     kills: list[KillRecord] = field(default_factory=list)
     network: list[NetworkFaultRecord] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    fault_events: list[FaultEvent] = field(default_factory=list)
     depth: list[Depth] = field(default_factory=list)
     broker_fault: BrokerFaultRecord | None = None
     exits: list[WorkerExit] = field(default_factory=list)
@@ -214,6 +228,8 @@ class Timeline:
             yield {"e": "mark", "t": m.t, "what": m.what, "n": m.n}
         if self.broker_fault is not None:
             yield {"e": "broker_fault", **asdict(self.broker_fault)}
+        for ev in self.fault_events:
+            yield {"e": "fault_event", **asdict(ev)}
         for d in self.depth:
             yield {"e": "depth", "t": d.t, "p": d.pending, "i": d.inflight, "l": d.delayed, "d": d.dead}
         yield Executions.of(self.executions)  # the bulk: written by _x_lines, without a dict each
@@ -347,6 +363,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.marks.append(Mark(d["t"], d["what"], d["n"]))
     elif e == "broker_fault":
         tl.broker_fault = BrokerFaultRecord(**d)
+    elif e == "fault_event":
+        tl.fault_events.append(FaultEvent(d["family"], d["what"], d["t"], d.get("data", {})))
     elif e == "depth":
         tl.depth.append(Depth(d["t"], d["p"], d["i"], d["l"], d["d"]))
     elif e == "ledger_problem":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from crashbench.faults import registry
 from crashbench.model.counts import Counts
 from crashbench.model.results import DesignRun, Result
 from crashbench.model.results import label as label_of
@@ -58,12 +59,7 @@ footer{margin-top:28px;color:var(--muted);font-size:12px}
 .x.done{fill:#4e79a7}.x.again{fill:#f28e2b}.x.failed{fill:#7b3294}.x.interrupted{fill:#d62728}
 .density{fill:#4e79a7}
 .fault line{stroke-width:2}.fault path{stroke-width:2.2;fill:none}
-.fault.kill line,.fault.kill path{stroke:#b00020}.fault.term line,.fault.term path{stroke:#e66100}
-.fault.pause line,.fault.pause path{stroke:#6a3d9a}.pause-span{fill:#6a3d9a;fill-opacity:.16}
-.band rect{fill:#f4a6a6;fill-opacity:.35;stroke:#d04040;stroke-dasharray:4 3}.band text{fill:#a01010;font-size:11px}
-.band.failover rect{fill:#f6d88a}.band.network rect{fill:#9ecae1;fill-opacity:.45;stroke:#3182bd}
-.band.network.elsewhere rect{fill-opacity:.12;stroke-dasharray:4 3}
-.band-label{fill:#1f5f8b;font-size:11px}
+.band rect{fill:#f4a6a6;fill-opacity:.35;stroke:#d04040;stroke-dasharray:4 3}.band-label{fill:#a01010;font-size:11px}
 .event line{stroke:#6b7280;stroke-dasharray:3 3}.event text,.event-label{fill:#4b5563;font-size:10.5px}
 .recovery path{stroke:#1a9850;stroke-width:1.6;fill:none}
 .recovery text{fill:#116b37;font-size:10.5px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px}
@@ -217,10 +213,11 @@ def render(result: Result, timelines: list[Timeline], source: str = "") -> str:
         for i, tl in enumerate(timelines)
     ]
     total = sum(len(tl.executions) for tl in timelines)
+    family_css = "".join(f"\n{f.css}" for f in registry.FAMILIES if f.css)  # each family styles its own marks
     return "".join([
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f"<title>{esc(title)}</title><style>{CSS}{family_css}</style></head><body>",
         f'<h1>{esc(title)}<span class="badge {result.status}">{esc(result.status)}</span></h1>',
         f'<p class="sub">{esc(tables.scenario_line(sc))}<br>result {esc(result.id)} · {esc(result.created)}'
         f"{' · ' + esc(source) if source else ''} · {fmt_count(total)} executions drawn on one clock "

@@ -1,6 +1,7 @@
 """The lanes of one run: a lane per worker slot (a slot gets a new worker after each kill) with every
-execution as a bar, the faults on the lane they hit, the broker fault as a band across all lanes, and
-a line from each fault to the next start of every job it hit (or a mark where that never came).
+execution as a bar, each fault as its family draws it (crashbench.faults.family: marks on the lane a
+fault hit, bands over the lanes or across them all), and a line from each worker fault to the next
+start of every job it hit (or a mark where that never came).
 
 Above AGGREGATE_ABOVE executions a run is drawn as a heat strip per lane (the busy fraction per time
 bucket) instead: a million bars would make a page no browser opens quickly, and no eye reads them."""
@@ -11,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from crashbench.faults import registry
 from crashbench.model.faults import KillRecord
 from crashbench.model.ledger import Execution
 from crashbench.model.timeline import Timeline
@@ -18,7 +20,6 @@ from crashbench.report.svg import Scale, esc, num
 
 AGGREGATE_ABOVE = 20_000
 MAX_SUBROWS = 6  # a lane running several handlers at once (threads, a pool) splits into at most this many rows
-FAULT_KIND = {"SIGKILL": "kill", "SIGTERM": "term", "SIGSTOP": "pause"}
 KIND_TEXT = {"done": "", "again": " (ran again)", "failed": " (raised)", "interrupted": " (killed inside)"}
 # Marks drawn as a vertical line across the lanes, with their label.
 EVENTS = {
@@ -168,24 +169,21 @@ def _density(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes) -> list[str]
     return out
 
 
-def _faults(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
+def _marks(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
+    """Every family's marks: a cross on the lane a fault hit, and what it shades after it."""
     out = []
-    # How long each fault lasts is the planned fault's own (a [[faults]] entry may set its pause).
-    lasts = {f.index: f.duration for f in tl.planned}
-    for k in tl.kills:
-        pause = lasts.get(k.index, 0.0)
-        if not 0 <= k.slot < g.slots:
+    for m in (m for family in registry.FAMILIES for m in family.marks(tl)):
+        if not 0 <= m.slot < g.slots:
             continue
-        kind = FAULT_KIND.get(k.signal, "kill")
-        x, y = scale.x(k.at), g.y(k.slot)
-        hit = ", ".join(k.jobs) if k.jobs else (k.job or "no job")
-        tip = f"{k.signal} {k.worker} at {k.at:.3f} s ({'mid-job: ' + hit if k.mid_job else 'between jobs'})"
-        if kind == "pause" and pause > 0:
-            out.append(f'<rect class="pause-span" x="{num(x)}" y="{num(y)}" width="{num(pause * scale.px_per_s)}" '
-                       f'height="{num(g.lane_h)}"/>')  # fmt: skip
+        x, y = scale.x(m.at), g.y(m.slot)
+        if m.span > 0:
+            w = num(m.span * scale.px_per_s)
+            out.append(
+                f'<rect class="{esc(m.css)}-span" x="{num(x)}" y="{num(y)}" width="{w}" height="{num(g.lane_h)}"/>'
+            )
         r = min(5.0, g.lane_h / 2 + 1)
         out.append(
-            f'<g class="fault {kind}" data-job="{esc(k.job or "")}"><title>{esc(tip)}</title>'
+            f'<g class="fault {esc(m.css)}" data-job="{esc(m.job)}"><title>{esc(m.tip)}</title>'
             f'<line x1="{num(x)}" x2="{num(x)}" y1="{num(y - 2)}" y2="{num(y + g.lane_h + 2)}"/>'
             f'<path d="M{num(x - r)} {num(y + g.lane_h / 2 - r)}l{num(2 * r)} {num(2 * r)}'
             f'm0 {num(-2 * r)}l{num(-2 * r)} {num(2 * r)}"/></g>'
@@ -253,40 +251,20 @@ def _one_recovery(
     )
 
 
-def _broker(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
+def _bands(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
+    """Every family's bands, each labelled above the lanes; then the run's events as lines across them."""
     out = []
     y0, y1 = g.top, g.bottom
-    f = tl.broker_fault
-    if f is not None:
-        end = f.back_at if f.back_at is not None else scale.t1
-        x0, x1 = scale.x(f.at), scale.x(end)
-        what = {"kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
-        back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
-        out.append(
-            f'<g class="band {esc(f.kind)}"><title>{esc(what)} at {f.at:.3f} s, {back} '
-            f"(held {f.held_at_fault} jobs)</title>"
-            f'<rect x="{num(x0)}" y="{num(y0)}" width="{num(max(x1 - x0, 2))}" height="{num(y1 - y0)}"/>'
-            f'<text x="{num(x0 + 3)}" y="{num(y0 - 3)}">{esc(what)}</text></g>'
-        )
-    for nf in tl.network:  # a band over the lanes it hit only
-        end = nf.healed_at if nf.healed_at is not None else scale.t1
-        x0, x1 = scale.x(nf.at), scale.x(end)
-        for slot in nf.slots:
-            if 0 <= slot < g.slots:
-                out.append(
-                    f'<g class="band network {esc(nf.toxic)}"><title>network {esc(nf.toxic)} on slot {slot}, '
-                    f"{nf.at:.3f} s to {end:.3f} s</title>"
-                    f'<rect x="{num(x0)}" y="{num(g.y(slot))}" width="{num(max(x1 - x0, 2))}" '
-                    f'height="{num(g.lane_h)}"/></g>'
-                )
-        on = "" if nf.target == "workers" else f" on the {'producer' if nf.target == 'producer' else 'replica link'}"
-        if on:  # not on a lane: a faint band across them all, for when it was on
-            out.append(
-                f'<g class="band network elsewhere {esc(nf.toxic)}"><title>network {esc(nf.toxic)}{on}, '
-                f'{nf.at:.3f} s to {end:.3f} s</title><rect x="{num(x0)}" y="{num(y0)}" '
-                f'width="{num(max(x1 - x0, 2))}" height="{num(y1 - y0)}"/></g>'
-            )
-        out.append(f'<text class="band-label" x="{num(x0 + 3)}" y="{num(y0 - 3)}">network {esc(nf.toxic)}{on}</text>')
+    for b in (b for family in registry.FAMILIES for b in family.bands(tl)):
+        x0 = scale.x(b.at)
+        w = num(max(scale.x(b.until if b.until is not None else scale.t1) - x0, 2))
+        if b.slots is None:
+            rects = [f'<rect x="{num(x0)}" y="{num(y0)}" width="{w}" height="{num(y1 - y0)}"/>']
+        else:
+            rects = [f'<rect x="{num(x0)}" y="{num(g.y(s))}" width="{w}" height="{num(g.lane_h)}"/>'
+                     for s in b.slots if 0 <= s < g.slots]  # fmt: skip
+        out.append(f'<g class="band {esc(b.css)}"><title>{esc(b.tip)}</title>{"".join(rects)}</g>')
+        out.append(f'<text class="band-label {esc(b.css)}" x="{num(x0 + 3)}" y="{num(y0 - 3)}">{esc(b.label)}</text>')
     # Events closer than EVENT_GAP share one label, at the first of them: there is one line of room above.
     groups: list[list[tuple[float, str, float]]] = []
     for m in tl.marks:
@@ -344,9 +322,9 @@ def draw(tl: Timeline, scale: Scale, top: float, arrow: str = "arrow") -> Lanes:
     aggregated = len(tl.executions) > AGGREGATE_ABOVE
     lanes = Lanes("", 0.0, aggregated)
     parts = _workers(tl, scale, g)
-    parts += _broker(tl, scale, g)
+    parts += _bands(tl, scale, g)
     parts += _density(tl, scale, g, lanes) if aggregated else _bars(tl, scale, g, lanes)
-    parts += _faults(tl, scale, g)
+    parts += _marks(tl, scale, g)
     lines, marks = _recovery(tl, scale, g, lanes, arrow)
     parts += lines + marks
     if any(m.what == "recover" for m in tl.marks):

@@ -17,6 +17,7 @@ from typing import Any
 
 from crashbench.errors import CrashbenchError, UsageError
 from crashbench.evidence import tally
+from crashbench.faults import registry
 from crashbench.model.counts import Problem
 from crashbench.model.results import DesignRun, Result, counts_unknown_to, jsonable, network_fields_unknown_to
 from crashbench.model.spec import Scenario
@@ -131,7 +132,7 @@ def scenario_differences(result: Result, tl: Timeline) -> list[str]:
 def recount(result: Result, timelines: list[Timeline]) -> list[RunRecount]:
     out = []
     for tl, saved in zip(timelines, result.runs, strict=True):
-        again = tally.design_run(tl)
+        again = tally.design_run(tl, registry.checkers())
         found = differences(
             saved, again, counts_unknown_to(result.schema_version), network_fields_unknown_to(result.schema_version)
         )

@@ -34,7 +34,11 @@ def timeline(
     after = final_reading(run)
     located, reading_problems = carry(before, after.located, run.ledger.has_completed), after.problems
     t0 = run.t0
-    history = {k: v for f in registry.FAMILIES if (d := run.drivers.get(f.name)) for k, v in f.history(d).items()}
+    history: dict[str, Any] = {"fault_events": []}
+    for f in registry.FAMILIES:
+        if (d := run.drivers.get(f.name)) is not None:
+            for k, v in f.history(d).items():  # its own fields; its own events beside every family's
+                history[k] = history[k] + v if k == "fault_events" else v
     if run.producer is not None:
         enqueues = [Enqueue(rel(t, t0), chunk, ok, lag, e) for t, chunk, ok, lag, e in run.producer.chunks]
     else:

@@ -262,7 +262,7 @@ class CrashRun:
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
         self.design.recover(self.clock() + self.sc.stale_after)
         timeline = collect.timeline(self, ended.drained, ended.cut_off, drained_at, faults_end, settled, before)
-        return tally.design_run(timeline)
+        return tally.design_run(timeline, registry.checkers())
 
     def _tick(self) -> None:
         if self.stop.raised:

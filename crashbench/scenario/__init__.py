@@ -26,6 +26,7 @@ from typing import Any
 
 from crashbench import faults
 from crashbench.errors import ScenarioError
+from crashbench.faults import registry
 from crashbench.model import thresholds
 from crashbench.model.spec import Scenario as Scenario  # the record this package parses and validates
 from crashbench.model.thresholds import Threshold
@@ -109,7 +110,7 @@ def problems_of(sc: Scenario) -> list[str]:
         p += [q for n, e in enumerate(sc.schedule, 1) for q in faults.entry_problems(e, n, sc)]
     if NUMBERS["socket_timeout"].accepts(sc.socket_timeout) and 0 < sc.socket_timeout <= BLOCKING_POP_S:
         p.append(f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)")
-    p += _network_combinations(sc)
+    p += [q for family in registry.FAMILIES for q in family.combinations(sc)]
     p += _bounds(sc)
     lag, at = sc.replica_lag, sc.fault_at
     if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
@@ -152,31 +153,6 @@ def _bounds(sc: Scenario) -> list[str]:
         v = getattr(sc, name)
         if isinstance(v, str) and len(v) > most:
             p.append(f"{name} is {len(v):,} characters long (at most {most:,})")
-    return p
-
-
-def _network_combinations(sc: Scenario) -> list[str]:
-    """Network faults the proxy can make in this run: it follows one server, so worker and producer
-    targets do not mix with a broker fault (workers re-read the server's address after one and would
-    bypass it), and the replica link exists only in a failover run."""
-    p = []
-    network = [e for e in sc.schedule if isinstance(e, dict) and e.get("kind") == "network"]
-    if {e.get("toxic") in faults.PARTITION_TOXICS for e in network} == {True, False}:
-        p.append(
-            "[[faults]]: a run uses the proxy's toxics or network partitions (drop, reject, loss), not both: "
-            "a worker in a namespace cannot reach the proxy"
-        )
-    for n, e in enumerate(sc.schedule, 1):
-        if not isinstance(e, dict) or e.get("kind") != "network":
-            continue
-        target = e.get("target", "workers")
-        if target == "replica" and sc.fault != "failover":
-            p.append(f'[[faults]] network entry {n}: target = "replica" needs a failover run (fault = "failover")')
-        elif target in ("workers", "producer") and sc.fault != "none":
-            p.append(
-                f'[[faults]] network entry {n}: target = "{target}" cannot be combined with a broker fault '
-                f'({sc.fault}): the proxy follows one server; use target = "replica" in a failover run'
-            )
     return p
 
 
