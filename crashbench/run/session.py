@@ -80,7 +80,7 @@ def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
 
 def run_sweep(scenario: Scenario, design: str, param: str, values: str, options: Options = Options()) -> Result:
     """One design, once per value of one setting; every other setting (and the seed) unchanged."""
-    runs = [(sc, design, f"{param}={getattr(sc, param):g}") for sc in sweep_values(scenario, param, values)]
+    runs = [(sc, design, f"{param}={sc.value(param):g}") for sc in sweep_values(scenario, param, values)]
     return _run(scenario, runs, options, "sweep")
 
 
@@ -91,7 +91,7 @@ def replay_scenario(result: Result, index: int) -> Scenario:
     overrides: dict[str, object] = {"seed": run.seed}
     if run.variant:
         name, _, raw = run.variant.partition("=")
-        overrides[name] = getattr(sweep_values(scenario, name, raw)[0], name)
+        overrides[name] = sweep_values(scenario, name, raw)[0].value(name)
     return with_overrides(scenario, **overrides)
 
 

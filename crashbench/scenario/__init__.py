@@ -17,7 +17,6 @@ Validation reports every problem at once.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -74,7 +73,7 @@ def with_overrides(scenario: Scenario, **values: Any) -> Scenario:
     changes = {k: v for k, v in values.items() if v is not None}
     if "signal" in changes:
         changes["signal"] = _signal_name(changes["signal"])
-    changed = dataclasses.replace(scenario, **changes)
+    changed = scenario.replace(**changes)
     found = problems_of(changed)
     if found:
         raise ScenarioError(f"{scenario.source} with command-line options", found)
@@ -86,13 +85,13 @@ def problems_of(sc: Scenario) -> list[str]:
     an exception: the values may come straight from a TOML file or the command line."""
     p: list[str] = []
     for name, bound in NUMBERS.items():
-        v = getattr(sc, name)
+        v = sc.value(name)
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
             p.append(f"{SECTION_OF[name]}.{name} is too large: {_show(v)} (at most {MAX_INT})")
         elif not (v is None and name == "drain_timeout") and not bound.accepts(v):
             p.append(f"{SECTION_OF[name]}.{name} must be {bound.wanted()}, not {_show(v)}")
     for name, allowed in CHOICES.items():
-        v = getattr(sc, name)
+        v = sc.value(name)
         if not isinstance(v, str) or v not in allowed:
             p.append(f"{SECTION_OF[name]}.{name} must be one of {', '.join(allowed)}, not {_show(v)}")
     for name in ("name", "description"):
@@ -307,7 +306,7 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
             found.append("run.designs must be a list of design names")
             del values["designs"]
     try:
-        scenario = Scenario(**values)
+        scenario = Scenario.of(**values)
     except TypeError as exc:  # cannot happen with the checks above; kept as a clear message if it does
         raise ScenarioError(source, [*found, str(exc)]) from None
     found += problems_of(scenario)
