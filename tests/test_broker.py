@@ -39,7 +39,7 @@ def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenar
     # it: no recovery pass, no depth reading began; both went on once it was back.
     _, (tl,) = recount.load(str(result.write(tmp_path)))
     down, up = (next(m.t for m in tl.marks if m.what == what) for what in ("down", "up"))
-    assert up - down >= sc.downtime
+    assert up - down >= sc.broker.downtime
     assert [m.t for m in tl.marks if m.what == "recover" and down < m.t < up] == []
     assert [d.t for d in tl.depth if down < d.t < up] == []
     assert [m.t for m in tl.marks if m.what == "recover" and m.t > up] and [d.t for d in tl.depth if d.t > up]
@@ -112,7 +112,10 @@ def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenari
     # again `downtime` after its kill (the harness's own look, back_at, may come a moment after the
     # replacement's connection).
     late = next(k for k in during if k.planned_at == 1.1)
-    assert late.replacement_ready_ms is not None and late.at + late.replacement_ready_ms / 1000 > bf.at + sc.downtime
+    assert (
+        late.replacement_ready_ms is not None
+        and late.at + late.replacement_ready_ms / 1000 > bf.at + sc.broker.downtime
+    )
     assert [f.kind for f in run.schedule] == ["signal", "signal", "broker-kill", "signal", "signal"]
     assert c.kills == 4 and c.worker_crashes == 0
     # Enqueues the down server refused (a loaded machine's producer meets the outage) are unconfirmed.

@@ -60,7 +60,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     # Promoted by the cluster itself (failure detection, then the other primaries' votes): not at once.
     assert bf.back_at is not None and bf.back_at - bf.at > 1.0
     # The old primary came back and follows the promoted one.
-    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.broker.downtime
     assert bf.primary_offset is not None and bf.promoted_offset is not None
     assert bf.promoted_offset < bf.primary_offset  # the promoted replica never got the lag's stream
     # Lost: exactly the acknowledged jobs the primary held and the promoted replica did not, by the
@@ -79,7 +79,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     # The cut took effect (its mark) `replica_lag` before the kill at least; once the promoted replica
     # took over, the producer's enqueues went to it: none of them is marked lagging.
     cut = next(m.t for m in timeline.marks if m.what == "replica_cut")
-    assert bf.at >= cut + sc.replica_lag
+    assert bf.at >= cut + sc.broker.replica_lag
     assert not [e.t for e in timeline.enqueues if e.lag and e.t > bf.back_at]
     # A chunk of the lag with a lost job: its other jobs may have been run from the primary before the
     # kill (done, whatever their enqueue's fate).
@@ -198,7 +198,7 @@ def test_a_primary_cut_off_takes_writes_until_it_sees_it_lost_the_majority_and_t
     # Promoted by the majority's failure detection and vote, not at once; then the cut healed and the
     # old primary follows the promoted replica.
     assert bf.back_at is not None and bf.back_at - bf.at > 1.0
-    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.broker.downtime
     assert bf.promoted_offset is not None and bf.primary_offset is not None
     assert bf.promoted_offset <= bf.primary_offset  # caught up at the cut, nothing after it
     # Lost: exactly what the cut-off primary held as the cut healed and the promoted replica did not,

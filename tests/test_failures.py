@@ -37,8 +37,8 @@ def test_poison_is_dead_lettered_after_exactly_max_attempts_and_transients_succe
     check(run)
     assert_recounts(result, tmp_path)  # retries, delays and dead letters, read back from the timeline
     c = run.counts
-    w = failing.workload()
-    poison = {j for j in job_ids(failing.jobs) if w.is_poison(j)}
+    w = failing.workload_model()
+    poison = {j for j in job_ids(failing.workload.jobs) if w.is_poison(j)}
     assert c.poison_jobs == len(poison) > 0 and c.transient_jobs > 0
     # Every poison job ran exactly max_attempts times, every transient job failed exactly twice.
     assert c.failed_attempts == 3 * c.poison_jobs + 2 * c.transient_jobs

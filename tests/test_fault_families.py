@@ -41,7 +41,11 @@ def test_an_entry_is_checked_against_its_own_family_s_keys() -> None:
         {"kind": "cluster-kill", "count": 2}
     )
     sc = parse({"faults": [{"kind": "broker-kill", "at": 0.7, "downtime": 0.2}]}, "x.toml")
-    assert (sc.fault, sc.fault_at, sc.downtime) == ("kill", 0.7, 0.2)  # a broker entry sets [broker]
+    assert (sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (
+        "kill",
+        0.7,
+        0.2,
+    )  # a broker entry sets [broker]
     assert [f.kind for f in faults.plan(sc)] == ["broker-kill"]
 
 

@@ -158,7 +158,7 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
     # (not reproduced alone in 16 runs; kombu's BRPOP-then-unacked window is the suspect).
     dramatiq = design.startswith("dramatiq")
     sc = small.replace(
-        jobs=2000 if dramatiq else small.jobs, job_ms=20, kills=3, interval=0.15, stale_after=0.3,
+        jobs=2000 if dramatiq else small.workload.jobs, job_ms=20, kills=3, interval=0.15, stale_after=0.3,
         drain_timeout=10, library=library, concurrency=0 if dramatiq else 1,
     )  # fmt: skip
     run = run_designs(sc, [design], Options()).runs[0]
@@ -180,7 +180,7 @@ def test_default_observation_window_follows_each_library_documented_timing(small
     # timeout the reliable configurations size from its longest job (2 x longest + 1 s).
     client = redis.Redis(host="127.0.0.1", port=1)
     sc = small.replace(drain_timeout=None)
-    timeout = 2 * sc.longest_job_s + 1
+    timeout = 2 * sc.workload.longest_job_s + 1
     windows = {d: load_design(d)(client, "p:", sc.settings(d)).observe_window() for d in (
         "reliable", "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable",
         "arq", "arq:reliable",

@@ -32,7 +32,7 @@ def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
 def test_saboteur_counts_come_out_exactly_as_planted(valkey_url: str, small: Scenario, kills: int, seed: int) -> None:
     sc = small.replace(kills=kills, seed=seed)
     run = run_designs(sc, ["designs_saboteur:SaboteurQueue"], Options(redis_url=valkey_url)).runs[0]
-    plant = planted(job_ids(sc.jobs))
+    plant = planted(job_ids(sc.workload.jobs))
     c = run.counts
     assert set(run.jobs["lost"]) == plant["lost"] and c.lost == len(plant["lost"]) == 30
     assert set(run.duplicates) == plant["duplicated"] and c.duplicated == 30
@@ -92,7 +92,7 @@ def test_jobs_the_workers_stop_takes_count_where_they_were_held_before(valkey_ur
     cannot report them)."""
     sc = small.replace(kills=0)
     run = run_designs(sc, ["designs_saboteur:StopTakesParked"], Options(redis_url=valkey_url)).runs[0]
-    parked = {j for j in job_ids(sc.jobs) if int(j) % 10 == 7}
+    parked = {j for j in job_ids(sc.workload.jobs) if int(j) % 10 == 7}
     c = run.counts
     assert run.problems == []
     assert (c.lost, c.stranded, c.taken_by_stop, c.done) == (0, 60, 60, 540) and c.stranded_at == {"parked": 60}

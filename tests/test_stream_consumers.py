@@ -227,7 +227,9 @@ def test_stream_reuse_recovers_at_restart_speed_and_leaves_no_consumer(valkey_ur
     # Each killed job came back through its replacement's re-read, before XAUTOCLAIM (stale_after: 5 s
     # of idle time) could have taken it: the slot's name reached the worker process. (A bound far from
     # the restart's ~0.1 s, so that a loaded machine does not fail it.)
-    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < sc.stale_after * 1000, run.kills
+    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < sc.queue.stale_after * 1000, (
+        run.kills
+    )
     assert c.consumers == 0
 
 

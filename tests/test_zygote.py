@@ -182,7 +182,7 @@ def test_a_crash_run_forks_every_worker_from_a_zygote_started_before_its_job_lis
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     ballast.clear()
     assert run.problems == [] and run.counts.kills_mid_job == 2 and run.counts.done == 600
-    assert len(seen) == sc.workers + 2  # the replacements too
+    assert len(seen) == sc.workload.workers + 2  # the replacements too
     for me, *others in seen:  # the watchdog too was forked before the job list (reaper.Watchdog.start)
         assert max(others) < me - BALLAST * 9 // 10
 

@@ -24,7 +24,7 @@ TARGETS = ("workers", "producer", "replica")
 
 
 def plan(entry: Entry, index: int, sc: Scenario, rng: random.Random) -> list[Fault]:
-    workers = sc.workers
+    workers = sc.workload.workers
     target = entry.get("target", "workers")
     if target != "workers":
         slots: tuple[int, ...] = ()
@@ -81,7 +81,7 @@ def _partition_problems(entry: dict[str, Any], where: str) -> list[str]:
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     from crashbench.control.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
 
-    where, workers = f"[[faults]] network entry {n}", sc.workers
+    where, workers = f"[[faults]] network entry {n}", sc.workload.workers
     p = []
     toxic = entry.get("toxic")
     if toxic not in TOXICS and toxic not in PARTITION_TOXICS:
@@ -119,7 +119,7 @@ def driver(run: FaultRun) -> Driver | None:
     if net.proxy is None and net.partitions is None:
         return None
     sync = run.broker.sync_replica if run.broker is not None else None  # type: ignore[attr-defined]
-    d = NetworkFaults(run.planned, net.proxy, run.clock, run.sc.workers, run.producer, sync, net.partitions)  # type: ignore[attr-defined]
+    d = NetworkFaults(run.planned, net.proxy, run.clock, run.sc.workload.workers, run.producer, sync, net.partitions)  # type: ignore[attr-defined]
     d.t0 = run.t0
     return d
 

@@ -97,24 +97,26 @@ def problems_of(sc: Scenario) -> list[str]:
     for name in ("name", "description"):
         if not isinstance(getattr(sc, name), str):
             p.append(f"{name} must be a string, not {_show(getattr(sc, name))}")
-    if not isinstance(sc.designs, tuple) or not all(isinstance(d, str) for d in sc.designs):
-        p.append(f"run.designs must be a list of design names, not {_show(sc.designs)}")
+    designs = sc.run.designs
+    if not isinstance(designs, tuple) or not all(isinstance(d, str) for d in designs):
+        p.append(f"run.designs must be a list of design names, not {_show(designs)}")
     p += [
         f"[library.{_key(d)}] {problem}"
         for d, table in sc.library.items()
         for problem in (*_infinite(table), *_elsewhere(table), *_out_of_range(table))
     ]
-    if NUMBERS["workers"].accepts(sc.workers):
-        p += [q for n, e in enumerate(sc.schedule, 1) for q in faults.entry_problems(e, n, sc)]
-    if NUMBERS["socket_timeout"].accepts(sc.socket_timeout) and 0 < sc.socket_timeout <= BLOCKING_POP_S:
+    if NUMBERS["workers"].accepts(sc.workload.workers):
+        p += [q for n, e in enumerate(sc.faults.schedule, 1) for q in faults.entry_problems(e, n, sc)]
+    timeout = sc.queue.socket_timeout
+    if NUMBERS["socket_timeout"].accepts(timeout) and 0 < timeout <= BLOCKING_POP_S:
         p.append(f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)")
     p += _network_combinations(sc)
     p += _bounds(sc)
-    lag, at = sc.replica_lag, sc.fault_at
+    lag, at, fault = sc.broker.replica_lag, sc.broker.fault_at, sc.broker.fault
     if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
-        if lag and sc.fault in ("none", "kill"):
+        if lag and fault in ("none", "kill"):
             p.append("broker.replica_lag is for a failover (a replica that falls behind its primary)")
-        elif lag and sc.fault == "cluster-failover":
+        elif lag and fault == "cluster-failover":
             p.append(
                 "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a "
                 "cut-off replica never does; use cluster-failover-force or cluster-takeover"
@@ -128,16 +130,17 @@ def _bounds(sc: Scenario) -> list[str]:
     """Finite but absurd: a schedule longer than a day never ends in practice (Ctrl-C was the only
     way out), and more jobs than memory holds enqueue until interrupted."""
     p: list[str] = []
+    w, f, b = sc.workload, sc.faults, sc.broker
     seconds = {
-        "faults.interval": sc.interval, "faults.pause": sc.pause, "broker.fault_at": sc.fault_at,
-        "broker.downtime": sc.downtime, "broker.produce_s": sc.produce_s,
-        "queue.stale_after": sc.stale_after, "queue.recover_every": sc.recover_every,
-        "run.drain_timeout": sc.drain_timeout, "workload.job_ms / 1000": _num(sc.job_ms) / 1000,
-        "workload.job_ms_max / 1000": _num(sc.job_ms_max) / 1000,
+        "faults.interval": f.interval, "faults.pause": f.pause, "broker.fault_at": b.fault_at,
+        "broker.downtime": b.downtime, "broker.produce_s": b.produce_s,
+        "queue.stale_after": sc.queue.stale_after, "queue.recover_every": sc.queue.recover_every,
+        "run.drain_timeout": sc.run.drain_timeout, "workload.job_ms / 1000": _num(w.job_ms) / 1000,
+        "workload.job_ms_max / 1000": _num(w.job_ms_max) / 1000,
     }  # fmt: skip
-    if isinstance(sc.kills, int) and not isinstance(sc.kills, bool):
-        seconds["faults.kills x faults.interval"] = _num(sc.kills) * _num(sc.interval)
-    for n, e in enumerate(sc.schedule, 1):
+    if isinstance(f.kills, int) and not isinstance(f.kills, bool):
+        seconds["faults.kills x faults.interval"] = _num(f.kills) * _num(f.interval)
+    for n, e in enumerate(f.schedule, 1):
         if isinstance(e, dict):
             for k in ("at", "for", "duration", "pause"):
                 if k in e:
@@ -145,8 +148,8 @@ def _bounds(sc: Scenario) -> list[str]:
     for what, v in seconds.items():
         if _num(v) > MAX_SCHEDULE_S:
             p.append(f"{what} is {_show(v)} s: a run's schedule is bounded to {MAX_SCHEDULE_S} s (a day)")
-    if isinstance(sc.jobs, int) and not isinstance(sc.jobs, bool) and sc.jobs > MAX_JOBS:
-        p.append(f"workload.jobs {sc.jobs:,} is more than crashbench holds (at most {MAX_JOBS:,})")
+    if isinstance(w.jobs, int) and not isinstance(w.jobs, bool) and w.jobs > MAX_JOBS:
+        p.append(f"workload.jobs {w.jobs:,} is more than crashbench holds (at most {MAX_JOBS:,})")
     for name, most in (("name", MAX_NAME), ("description", MAX_DESCRIPTION)):
         v = getattr(sc, name)
         if isinstance(v, str) and len(v) > most:
@@ -159,22 +162,23 @@ def _network_combinations(sc: Scenario) -> list[str]:
     targets do not mix with a broker fault (workers re-read the server's address after one and would
     bypass it), and the replica link exists only in a failover run."""
     p = []
-    network = [e for e in sc.schedule if isinstance(e, dict) and e.get("kind") == "network"]
+    fault = sc.broker.fault
+    network = [e for e in sc.faults.schedule if isinstance(e, dict) and e.get("kind") == "network"]
     if {e.get("toxic") in faults.PARTITION_TOXICS for e in network} == {True, False}:
         p.append(
             "[[faults]]: a run uses the proxy's toxics or network partitions (drop, reject, loss), not both: "
             "a worker in a namespace cannot reach the proxy"
         )
-    for n, e in enumerate(sc.schedule, 1):
+    for n, e in enumerate(sc.faults.schedule, 1):
         if not isinstance(e, dict) or e.get("kind") != "network":
             continue
         target = e.get("target", "workers")
-        if target == "replica" and sc.fault != "failover":
+        if target == "replica" and fault != "failover":
             p.append(f'[[faults]] network entry {n}: target = "replica" needs a failover run (fault = "failover")')
-        elif target in ("workers", "producer") and sc.fault != "none":
+        elif target in ("workers", "producer") and fault != "none":
             p.append(
                 f'[[faults]] network entry {n}: target = "{target}" cannot be combined with a broker fault '
-                f'({sc.fault}): the proxy follows one server; use target = "replica" in a failover run'
+                f'({fault}): the proxy follows one server; use target = "replica" in a failover run'
             )
     return p
 
