@@ -36,7 +36,7 @@ def main() -> int:
     bad = 0
     for kills in (0, 5):
         for seed in (1, 2, 3):
-            sc = Scenario(name="saboteurs", jobs=JOBS, job_ms=5, workers=4, kills=kills, interval=0.2, seed=seed,
+            sc = Scenario.of(name="saboteurs", jobs=JOBS, job_ms=5, workers=4, kills=kills, interval=0.2, seed=seed,
                           stale_after=0.3, recover_every=0.05, drain_timeout=15)  # fmt: skip
             result = run_designs(sc, ["designs_saboteur:SaboteurQueue"], Options())
             result.write(out)

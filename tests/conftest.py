@@ -83,7 +83,7 @@ def assert_recounts(result: Result, directory: Path) -> None:
 def small() -> Scenario:
     """The lesson's crash test, shrunk: 5 mid-job SIGKILLs over 0.5 s of a 1.5 s workload (twice the
     kills' span: on a loaded machine the kills come late, and the queue must not run dry first)."""
-    return Scenario(
+    return Scenario.of(
         name="small",
         jobs=600,
         job_ms=10,

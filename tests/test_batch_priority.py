@@ -287,20 +287,20 @@ def test_batch_designs_lose_nothing_under_mid_job_kills(server_url: str, small: 
     assert c.interrupted == 5
     # A kill runs again the jobs of its batch that finished before it (not the one it interrupted):
     # at most batch_size - 1 per kill, and only after the kill, never alongside a live run.
-    bound = (small.batch_size - 1) * c.kills
+    bound = (small.queue.batch_size - 1) * c.kills
     assert c.duplicated <= c.extra_executions <= bound
     assert c.duplicated_overlapping == 0
     # All five kills landing on the first job of their batch has odds of about 1e-5: the batch is real.
     assert c.duplicated > 0
     # Recovery gave back whole batches: at least the interrupted job, at most batch_size, per kill.
-    assert c.kills <= c.requeue_events <= small.batch_size * c.kills
+    assert c.kills <= c.requeue_events <= small.queue.batch_size * c.kills
     assert c.requeued >= len({k.job for k in run.kills})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("design", ["reliable-batch", "stream-batch"])
 def test_batch_designs_without_kills_run_every_job_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
-    sc = dataclasses.replace(small, kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
+    sc = small.replace(kills=0, batch_size=7)  # 600 is no multiple of 7: a short last batch
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_evidence_agrees(run)
@@ -335,7 +335,7 @@ def ledger_of(run: DesignRun) -> list[Execution]:
 
 
 def test_high_jobs_overtake_the_low_backlog_with_real_workers(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["test_batch_priority:LastJobsHigh"], Options(redis_url=valkey_url, keep=True)).runs[0]
     try:
         executions = ledger_of(run)
@@ -353,7 +353,7 @@ def test_high_jobs_overtake_the_low_backlog_with_real_workers(valkey_url: str, s
     # Every high job was enqueued, last, before any worker started, and no job was given back: so a
     # worker that once got a low job found high empty, and never gets a high one after it.
     workers = {ex.worker for ex in executions}
-    assert len(workers) == sc.workers
+    assert len(workers) == sc.workload.workers
     for worker in workers:
         mine = sorted((ex for ex in executions if ex.worker == worker), key=lambda ex: ex.start)
         flags = [high(ex) for ex in mine]

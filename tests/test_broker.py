@@ -3,7 +3,6 @@ failed over to its replica, mid-run. Real servers, real signals."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def backlog(small: Scenario) -> Scenario:
     """Production done in 0.5 s and workers far behind it: the queue holds a backlog at the fault."""
-    return dataclasses.replace(
-        small, jobs=600, job_ms=20, kills=0, fault="kill", fault_at=0.8, downtime=0.3, produce_s=0.5
-    )
+    return small.replace(jobs=600, job_ms=20, kills=0, fault="kill", fault_at=0.8, downtime=0.3, produce_s=0.5)
 
 
 def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenario, tmp_path: Path) -> None:
-    sc = dataclasses.replace(backlog, persistence="aof-always")
+    sc = backlog.replace(persistence="aof-always")
     result = run_designs(sc, ["reliable"], Options())
     run = result.runs[0]
     c, bf = run.counts, run.broker_fault
@@ -42,7 +39,7 @@ def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenar
     # it: no recovery pass, no depth reading began; both went on once it was back.
     _, (tl,) = recount.load(str(result.write(tmp_path)))
     down, up = (next(m.t for m in tl.marks if m.what == what) for what in ("down", "up"))
-    assert up - down >= sc.downtime
+    assert up - down >= sc.broker.downtime
     assert [m.t for m in tl.marks if m.what == "recover" and down < m.t < up] == []
     assert [d.t for d in tl.depth if down < d.t < up] == []
     assert [m.t for m in tl.marks if m.what == "recover" and m.t > up] and [d.t for d in tl.depth if d.t > up]
@@ -52,7 +49,7 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     # naive holds only waiting jobs (a popped job is in its worker's hands, not in Redis), and production
     # ended before the fault: exactly the jobs in the queue at that moment must be reported lost. The
     # fault at 1.5 s, a second after production's planned end, however late a loaded machine paces it.
-    run = run_designs(dataclasses.replace(backlog, fault_at=1.5), ["naive"], Options()).runs[0]
+    run = run_designs(backlog.replace(fault_at=1.5), ["naive"], Options()).runs[0]
     c, bf = run.counts, run.broker_fault
     assert run.problems == []
     assert bf is not None and bf.acknowledged_before == 600 and c.indeterminate == 0
@@ -71,7 +68,7 @@ def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it
     backlog: Scenario, tmp_path: Path
 ) -> None:
     # The replica stops following 0.3 s before the primary dies; production goes on past the fault.
-    sc = dataclasses.replace(backlog, jobs=300, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
+    sc = backlog.replace(jobs=300, fault="failover", fault_at=0.8, replica_lag=0.3, produce_s=1.2)
     result = run_designs(sc, ["reliable"], Options())
     assert_recounts(result, tmp_path)  # enqueues acknowledged during the lag, from the timeline alone
     plain = result.runs[0]
@@ -80,7 +77,7 @@ def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it
     # Lost: exactly what the primary alone acknowledged during the lag and no worker ran before it died.
     assert c.lost == c.acked_during_lag > 0 and c.indeterminate == 0
     assert c.stranded == 0
-    waiting = run_designs(dataclasses.replace(sc, wait_replicas=1, wait_ms=100), ["reliable"], Options()).runs[0]
+    waiting = run_designs(sc.replace(wait_replicas=1, wait_ms=100), ["reliable"], Options()).runs[0]
     c = waiting.counts
     assert waiting.problems == []
     assert c.lost == c.acked_during_lag == 0 and c.stranded == 0  # what WAIT did not confirm was never acknowledged
@@ -93,7 +90,7 @@ def test_broker_faults_and_persistence_are_refused_on_a_server_crashbench_does_n
 ) -> None:
     with pytest.raises(UsageError, match="only to a server it started"):
         run_designs(backlog, ["reliable"], Options(redis_url=valkey_url))
-    sc = dataclasses.replace(backlog, fault="none", persistence="aof-always")
+    sc = backlog.replace(fault="none", persistence="aof-always")
     with pytest.raises(UsageError, match="only to a server it started"):
         run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
 
@@ -102,7 +99,7 @@ def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenari
     """One scheduler fires both kinds: a worker is SIGKILLed while the server is down, and the counts
     stay exact (no persistence: what the server held at its kill and never ran is what is lost)."""
     entry = {"signal": "SIGKILL", "at": 0.5, "count": 4, "every": 0.3, "kill_when": "any"}
-    sc = dataclasses.replace(backlog, schedule=(entry,), downtime=0.5)  # the server is down from 0.8 s to ~1.3 s
+    sc = backlog.replace(schedule=(entry,), downtime=0.5)  # the server is down from 0.8 s to ~1.3 s
     result = run_designs(sc, ["reliable"], Options())
     assert_recounts(result, tmp_path)  # a mixed schedule, from the timeline alone
     run = result.runs[0]
@@ -115,7 +112,10 @@ def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenari
     # again `downtime` after its kill (the harness's own look, back_at, may come a moment after the
     # replacement's connection).
     late = next(k for k in during if k.planned_at == 1.1)
-    assert late.replacement_ready_ms is not None and late.at + late.replacement_ready_ms / 1000 > bf.at + sc.downtime
+    assert (
+        late.replacement_ready_ms is not None
+        and late.at + late.replacement_ready_ms / 1000 > bf.at + sc.broker.downtime
+    )
     assert [f.kind for f in run.schedule] == ["signal", "signal", "broker-kill", "signal", "signal"]
     assert c.kills == 4 and c.worker_crashes == 0
     # Enqueues the down server refused (a loaded machine's producer meets the outage) are unconfirmed.

@@ -148,7 +148,7 @@ def test_the_lease_gives_a_runs_keys_an_expiry_and_leaves_a_designs_own_short_on
 
 def test_a_run_on_a_server_crashbench_did_not_start_holds_a_lease(client: redis.Redis, external: str) -> None:
     """The session gives a run on --redis-url its lease: with --keep its keys stay, the alive key too."""
-    sc = Scenario(name="lease", jobs=50, job_ms=1, workers=1, kills=0, drain_timeout=5)
+    sc = Scenario.of(name="lease", jobs=50, job_ms=1, workers=1, kills=0, drain_timeout=5)
     run = run_designs(sc, ["naive"], Options(redis_url=external, keep=True)).runs[0]
     ns = lease.namespace(run.prefix)
     try:

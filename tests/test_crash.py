@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 
 import pytest
@@ -53,7 +52,7 @@ def test_naive_loses_exactly_one_job_per_mid_job_kill(server_url: str, small: Sc
 @pytest.mark.slow
 @pytest.mark.parametrize("design", ["naive", "reliable", "stream"])
 def test_without_kills_every_job_runs_exactly_once(valkey_url: str, small: Scenario, design: str) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_evidence_agrees(run)
@@ -72,7 +71,7 @@ def test_compare_uses_one_fault_schedule_for_every_design(valkey_url: str, small
 
 
 def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kill_when="any")
+    sc = small.replace(kill_when="any")
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     assert_evidence_agrees(run)
     assert run.counts.lost == 0
@@ -85,7 +84,7 @@ def test_kills_timed_from_the_drain_hit_idle_workers_after_it(valkey_url: str, s
     """after = "drained": the entry's kills wait for the queue to drain, then hit idle workers, each
     replacement's READY measured (the last one too); the mid-job kills from the start are as before."""
     entry = {"at": 0.1, "count": 3, "every": 0.1, "kill_when": "any", "after": "drained"}
-    sc = dataclasses.replace(small, schedule=(entry,))
+    sc = small.replace(schedule=(entry,))
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     assert_evidence_agrees(run)
     c = run.counts
@@ -101,7 +100,7 @@ def test_kills_timed_from_the_drain_are_not_made_when_it_gives_up(valkey_url: st
     """A 1 s job and a 0.2 s drain window: the drain gives up (no handler started within it), so the
     queue never drained and a kill timed from its drain is never due."""
     entry = {"at": 0.1, "kill_when": "any", "after": "drained"}
-    sc = dataclasses.replace(small, jobs=4, job_ms=1000, workers=1, kills=0, drain_timeout=0.2, schedule=(entry,))
+    sc = small.replace(jobs=4, job_ms=1000, workers=1, kills=0, drain_timeout=0.2, schedule=(entry,))
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     assert not run.timings.drained and run.kills == [] and [f.after for f in run.schedule] == ["drained"]
 
@@ -110,7 +109,7 @@ def test_kills_on_the_clock_are_mid_job_only_when_the_victim_s_ledger_says_so(va
     """--kill-when any: a kill lands between jobs or inside one; mid-job is what the dead worker's ledger
     says (an execution it started and never ended), never an earlier look. naive loses every mid-job
     victim's job, and may lose more: a job popped but not yet started dies with its worker, unseen."""
-    sc = dataclasses.replace(small, kill_when="any", kills=12, interval=0.05)
+    sc = small.replace(kill_when="any", kills=12, interval=0.05)
     run = run_designs(sc, ["naive"], Options(redis_url=valkey_url)).runs[0]
     assert_evidence_agrees(run)
     c = run.counts
@@ -121,7 +120,7 @@ def test_kills_on_the_clock_are_mid_job_only_when_the_victim_s_ledger_says_so(va
 
 
 def test_a_broken_design_is_reported_with_exactly_the_faults_it_caused(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, jobs=100, kills=0)
+    sc = small.replace(jobs=100, kills=0)
     run = run_designs(sc, ["designs_broken:KnownFaultsQueue"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     # Its backlog() counts the pending list only, so the run "drained" with the parked jobs left over;
@@ -158,7 +157,7 @@ def test_workers_that_crash_on_their_own_abort_the_run_with_their_error(valkey_u
 
 
 def test_an_exception_in_the_runner_still_stops_every_worker(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     with pytest.raises(UnexpectedError, match="backlog is broken on purpose") as info:
         run_designs(sc, ["designs_broken:BacklogRaises"], Options(redis_url=valkey_url))
     shutil.rmtree(info.value.message.rsplit("kept in ", 1)[1].strip())  # the evidence it kept
@@ -171,7 +170,7 @@ def test_a_drain_still_making_progress_at_its_bound_reports_its_backlog_undraine
     # One worker, 40 ms jobs, a 0.25 s window: a handler starts every 40 ms, so the window never runs
     # out (the worker would have to stall six jobs' time), and the bound (10 windows after the last
     # fault) stops the drain with most jobs waiting.
-    sc = dataclasses.replace(small, jobs=150, job_ms=40, workers=1, kills=0, drain_timeout=0.25)
+    sc = small.replace(jobs=150, job_ms=40, workers=1, kills=0, drain_timeout=0.25)
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert_evidence_agrees(run)

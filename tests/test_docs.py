@@ -87,7 +87,6 @@ def test_the_reference_defines_every_count_and_lists_every_option_and_exit_code(
 
 def test_the_smallest_design_of_the_guide_runs_and_loses_one_job_per_mid_job_kill() -> None:
     """docs/how-to/your-own-design.md's example, as printed, crash-tested."""
-    import dataclasses
     import sys
     import types
 
@@ -100,7 +99,7 @@ def test_the_smallest_design_of_the_guide_runs_and_loses_one_job_per_mid_job_kil
     exec(compile(code, "your-own-design.md", "exec"), module.__dict__)
     sys.modules["guide_design"] = module
     try:
-        sc = dataclasses.replace(Scenario(), jobs=800, job_ms=10, kills=2, interval=0.2)  # 2 s of work
+        sc = Scenario().replace(jobs=800, job_ms=10, kills=2, interval=0.2)  # 2 s of work
         run = run_designs(sc, ["guide_design:ListQueue"], Options()).runs[0]
     finally:
         del sys.modules["guide_design"]

@@ -3,7 +3,6 @@ graceful stops, long jobs with and without heartbeats inside the handler."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,8 @@ def check(run: DesignRun) -> None:
 
 @pytest.fixture
 def failing(small: Scenario) -> Scenario:
-    return dataclasses.replace(
-        small, jobs=400, job_ms=1, kills=0, poison_rate=0.02, transient_rate=0.05, transient_failures=2,
+    return small.replace(
+        jobs=400, job_ms=1, kills=0, poison_rate=0.02, transient_rate=0.05, transient_failures=2,
         max_attempts=3, retry_base=0.02, retry_factor=2.0, recover_every=0.01,
     )  # fmt: skip
 
@@ -38,8 +37,8 @@ def test_poison_is_dead_lettered_after_exactly_max_attempts_and_transients_succe
     check(run)
     assert_recounts(result, tmp_path)  # retries, delays and dead letters, read back from the timeline
     c = run.counts
-    w = failing.workload()
-    poison = {j for j in job_ids(failing.jobs) if w.is_poison(j)}
+    w = failing.workload_model()
+    poison = {j for j in job_ids(failing.workload.jobs) if w.is_poison(j)}
     assert c.poison_jobs == len(poison) > 0 and c.transient_jobs > 0
     # Every poison job ran exactly max_attempts times, every transient job failed exactly twice.
     assert c.failed_attempts == 3 * c.poison_jobs + 2 * c.transient_jobs
@@ -70,7 +69,7 @@ def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
     # 30 ms jobs: a pause is mid-job by the injector's look at the frozen victim's ledger, which is
     # wrong only if the handler had taken its end time and not yet written it (crashbench.evidence.kills
     # settles the verdict from the final ledger); longer jobs make that window a smaller share.
-    sc = dataclasses.replace(small, jobs=300, job_ms=30, stale_after=0.2, kills=0, schedule=pauses)
+    sc = small.replace(jobs=300, job_ms=30, stale_after=0.2, kills=0, schedule=pauses)
     result = run_designs(sc, ["reliable", "stream", "naive"], Options(redis_url=valkey_url))
     assert_recounts(result, tmp_path)  # overlapping duplicates, from the timeline alone
     for run in result.runs:
@@ -93,7 +92,7 @@ def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
 
 @pytest.mark.slow
 def test_sigterm_is_a_graceful_stop_that_loses_and_repeats_nothing(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, signal="SIGTERM")
+    sc = small.replace(signal="SIGTERM")
     for run in run_designs(sc, ["naive", "reliable", "stream"], Options(redis_url=valkey_url)).runs:
         check(run)
         c = run.counts
@@ -105,7 +104,7 @@ def test_sigterm_is_a_graceful_stop_that_loses_and_repeats_nothing(valkey_url: s
 @pytest.mark.slow
 def test_heartbeats_inside_long_jobs_prevent_the_duplicates(valkey_url: str, small: Scenario) -> None:
     # Every job takes 0.3 s, twice the 0.15 s threshold.
-    sc = dataclasses.replace(small, jobs=8, job_ms=300, kills=0, stale_after=0.15, recover_every=0.03)
+    sc = small.replace(jobs=8, job_ms=300, kills=0, stale_after=0.15, recover_every=0.03)
     for design in ("reliable", "stream"):
         result = run_sweep(sc, design, "heartbeat_every", "0,0.05", Options(redis_url=valkey_url))
         without, with_ = result.runs
@@ -118,7 +117,7 @@ def test_heartbeats_inside_long_jobs_prevent_the_duplicates(valkey_url: str, sma
 
 
 def test_a_kill_between_side_effect_and_ack_is_a_sequential_duplicate(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, job_ms=1, kill_when="any", jobs=300)
+    sc = small.replace(job_ms=1, kill_when="any", jobs=300)
     run = run_designs(sc, ["designs_broken:SlowAckQueue"], Options(redis_url=valkey_url)).runs[0]
     check(run)
     c = run.counts

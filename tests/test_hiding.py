@@ -4,7 +4,6 @@ does not look are found by the harness's search for the run's token, counted str
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 
@@ -65,7 +64,7 @@ def test_a_key_in_another_database_of_a_server_crashbench_started_is_read_and_na
 
 @pytest.mark.slow
 def test_honest_designs_raise_no_reading_problem_under_kills(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=3)
+    sc = small.replace(kills=3)
     designs = ["reliable", "stream", "reliable-batch", "priority", "stream-reuse", "sharded"]
     result = run_designs(sc, designs, Options(redis_url=valkey_url))
     for run in result.runs:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import os
 import shutil
@@ -222,7 +221,7 @@ def test_interrupting_bench_stops_its_workers_cleans_its_keys_and_exits_130(
 def test_a_run_stops_the_work_horse_a_worker_killed_alone_left_behind(small: Scenario) -> None:
     # --kill-target parent: the RQ worker dies, its horse (own process group) runs its 20 s job on,
     # re-parented to crashbench (a subreaper). The end of the run must stop it all the same.
-    sc = dataclasses.replace(small, jobs=1, workers=1, kills=1, job_ms=20000, kill_target="parent", drain_timeout=1)
+    sc = small.replace(jobs=1, workers=1, kills=1, job_ms=20000, kill_target="parent", drain_timeout=1)
     before = set(psutil.Process().children(recursive=True))
     run = run_designs(sc, ["rq"], Options()).runs[0]
     assert [(k.target, k.mid_job) for k in run.kills] == [("parent", True)]

@@ -3,7 +3,6 @@ on executions made by hand: the races of issue 25 item 4, each with a known answ
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import signal
 
@@ -114,7 +113,7 @@ def test_a_worker_starts_with_the_fault_signals_crashbench_itself_may_ignore_at_
     off. Workers start with the defaults, so each mid-job SIGQUIT kills its victim inside its job."""
     previous = signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     try:
-        run = run_designs(dataclasses.replace(small, signal="SIGQUIT", kills=3), ["reliable"], Options()).runs[0]
+        run = run_designs(small.replace(signal="SIGQUIT", kills=3), ["reliable"], Options()).runs[0]
     finally:
         signal.signal(signal.SIGQUIT, previous)
     c = run.counts

@@ -32,7 +32,7 @@ def installed(module: str) -> pytest.MarkDecorator:
 @installed("rq")
 @pytest.mark.parametrize("design", ["rq", "rq:reliable"])
 def test_rq_without_kills_runs_every_job_exactly_once(small: Scenario, design: str) -> None:
-    sc = dataclasses.replace(small, jobs=60, kills=0)
+    sc = small.replace(jobs=60, kills=0)
     run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
     assert run.problems == []
@@ -44,7 +44,7 @@ def test_rq_without_kills_runs_every_job_exactly_once(small: Scenario, design: s
 def test_rq_counts_a_job_whose_work_horse_alone_was_killed_as_failed(small: Scenario) -> None:
     # --kill-target child: only the process running the job dies; RQ's worker sees its horse die and
     # moves the job to its FailedJobRegistry, which crashbench counts as failed, not done.
-    sc = dataclasses.replace(small, jobs=200, job_ms=20, kills=3, interval=0.15, drain_timeout=5, kill_target="child")
+    sc = small.replace(jobs=200, job_ms=20, kills=3, interval=0.15, drain_timeout=5, kill_target="child")
     run = run_designs(sc, ["rq"], Options()).runs[0]
     c = run.counts
     assert run.problems == []
@@ -71,7 +71,7 @@ def test_namespaced_libraries_run_every_job_once_and_leave_no_key(
     client: redis.Redis, valkey_url: str, small: Scenario, design: str
 ) -> None:
     before = set(client.scan_iter())
-    sc = dataclasses.replace(small, jobs=100, kills=0)
+    sc = small.replace(jobs=100, kills=0)
     run = run_designs(sc, [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert run.problems == []
@@ -87,7 +87,7 @@ def test_celery_as_installed_loses_the_running_task_and_parks_prefetched_ones(sm
     # Tasks the worker had acked and handed to its pool but not started are gone too, so losses can
     # exceed the kills; messages it had prefetched wait in `unacked` for the one-hour visibility timeout.
     # The run waits out its whole window on them once no handler starts: 2 s show that as well as 5.
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=2)
+    sc = small.replace(job_ms=20, kills=3, interval=0.15, drain_timeout=2)
     result = run_designs(sc, ["celery"], Options())
     assert_recounts(result, tmp_path)  # a library worker's tree and its stranded tasks, from the timeline
     run = result.runs[0]
@@ -106,7 +106,7 @@ def test_huey_loses_exactly_the_tasks_a_killed_worker_was_running(small: Scenari
     # huey RPOPs the task: nothing in Redis remembers it while it runs, as with the naive design. With
     # 3 worker threads a kill takes every task its threads were running: each kill record lists them,
     # and every one of them is lost and counted as never run again.
-    sc = dataclasses.replace(small, job_ms=20, kills=3, interval=0.15, drain_timeout=5, concurrency=threads)
+    sc = small.replace(job_ms=20, kills=3, interval=0.15, drain_timeout=5, concurrency=threads)
     run = run_designs(sc, ["huey"], Options()).runs[0]
     c = run.counts
     assert run.problems == []
@@ -126,7 +126,7 @@ def test_huey_loses_exactly_the_tasks_a_killed_worker_was_running(small: Scenari
 
 @installed("huey")
 def test_huey_without_kills_runs_every_job_exactly_once(small: Scenario) -> None:
-    run = run_designs(dataclasses.replace(small, jobs=100, kills=0), ["huey"], Options()).runs[0]
+    run = run_designs(small.replace(jobs=100, kills=0), ["huey"], Options()).runs[0]
     assert run.problems == []
     assert run.counts.done == run.counts.executions == 100
 
@@ -157,8 +157,8 @@ def test_reliable_library_configurations_get_the_killed_jobs_back(small: Scenari
     # running. Celery with one pool child: at two, 1 run in about 20 under the full suite lost a job
     # (not reproduced alone in 16 runs; kombu's BRPOP-then-unacked window is the suspect).
     dramatiq = design.startswith("dramatiq")
-    sc = dataclasses.replace(
-        small, jobs=2000 if dramatiq else small.jobs, job_ms=20, kills=3, interval=0.15, stale_after=0.3,
+    sc = small.replace(
+        jobs=2000 if dramatiq else small.workload.jobs, job_ms=20, kills=3, interval=0.15, stale_after=0.3,
         drain_timeout=10, library=library, concurrency=0 if dramatiq else 1,
     )  # fmt: skip
     run = run_designs(sc, [design], Options()).runs[0]
@@ -179,8 +179,8 @@ def test_default_observation_window_follows_each_library_documented_timing(small
     # No server needed: a window is computed from settings. stale_after is 0.3 s in `small`, below the
     # timeout the reliable configurations size from its longest job (2 x longest + 1 s).
     client = redis.Redis(host="127.0.0.1", port=1)
-    sc = dataclasses.replace(small, drain_timeout=None)
-    timeout = 2 * sc.longest_job_s + 1
+    sc = small.replace(drain_timeout=None)
+    timeout = 2 * sc.workload.longest_job_s + 1
     windows = {d: load_design(d)(client, "p:", sc.settings(d)).observe_window() for d in (
         "reliable", "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable",
         "arq", "arq:reliable",
@@ -212,7 +212,7 @@ def test_default_observation_window_follows_each_library_documented_timing(small
 def test_library_retries_tell_the_handler_its_attempt(small: Scenario, design: str) -> None:
     # A transient job fails on its first attempt only: the library's retry must run it as attempt 2,
     # so it is done, not failed again and again.
-    sc = dataclasses.replace(small, jobs=60, kills=0, transient_rate=0.2, retry_base=0.05, drain_timeout=20)
+    sc = small.replace(jobs=60, kills=0, transient_rate=0.2, retry_base=0.05, drain_timeout=20)
     run = run_designs(sc, [design], Options()).runs[0]
     c = run.counts
     assert run.problems == []
@@ -230,7 +230,7 @@ def test_rq_leaves_a_killed_job_in_its_started_registry_even_with_sighup_ignored
     in. The tree is killed leaves first, so every kill hits: each leaves exactly its job interrupted."""
     # 500 jobs: work left for the eighth kill (each waits for its victim's next horse) when loaded, and
     # gone well within the drain's bound (ten 3 s windows after the last kill), so it is not cut off.
-    sc = dataclasses.replace(small, jobs=500, job_ms=20, kills=8, interval=0.1, drain_timeout=3)
+    sc = small.replace(jobs=500, job_ms=20, kills=8, interval=0.1, drain_timeout=3)
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the workers and their horses
     try:
         run = run_designs(sc, ["rq"], Options()).runs[0]
@@ -253,7 +253,7 @@ def test_reliable_configurations_size_their_timeouts_above_the_longest_job_and_w
     # No server needed. 3 s jobs: the sized timeouts (2 x 3 + 1 = 7 s) leave nothing to warn about;
     # a user's own timeout at or below the longest job is named before the run.
     client = redis.Redis(host="127.0.0.1", port=1)
-    sc = dataclasses.replace(small, job_ms=3000)
+    sc = small.replace(job_ms=3000)
 
     def design(name: str, **library: Any) -> Any:
         return load_design(name)(client, "p:", dataclasses.replace(sc, library={name: library}).settings(name))
@@ -272,7 +272,7 @@ def test_reliable_configurations_size_their_timeouts_above_the_longest_job_and_w
     for name, d in too_short.items():
         assert [w.split(":")[0] + ":" + w.split(":")[1] for w in d.config_warnings()] == [name], name
     # As installed, arq's 300 s job timeout cancels a longer job.
-    long = dataclasses.replace(sc, job_ms=400_000)
+    long = sc.replace(job_ms=400_000)
     arq = load_design("arq")(client, "p:", long.settings("arq"))
     assert "job_timeout 300 s is not above the longest job (400 s)" in arq.config_warnings()[0]
 
@@ -290,7 +290,7 @@ def test_libraries_run_their_shipped_concurrency_unless_told_otherwise(small: Sc
     # arq's max_jobs is 10; its sync handler then runs in the loop's default executor, min(32, CPUs + 4).
     assert shipped == {"dramatiq": 8, "arq": min(10, cpus + 4), "huey": 1, "rq": 1, "celery": cpus}
     assert load_design("arq")(client, "p:", small.settings("arq")).configuration()["max_jobs"] == 10
-    assert concurrency("dramatiq", dataclasses.replace(small, concurrency=2)) == 2
+    assert concurrency("dramatiq", small.replace(concurrency=2)) == 2
     assert concurrency("arq", dataclasses.replace(small, library={"arq": {"max_jobs": 3}})) == 3
 
 

@@ -4,7 +4,6 @@ what cannot be made. The proxy's toxics byte by byte are in test_proxy.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -50,7 +49,7 @@ def test_a_half_open_connection_is_a_reconnect_with_timeouts_and_a_stuck_worker_
     each reconnects and the queue drains; with none (redis-py before 6 ships it so) each waits for an
     answer that never comes: stuck, while the harness still reads jobs waiting."""
     half_open = {"kind": "network", "toxic": "timeout", "at": 0.3, "duration": 0.7}
-    sc = dataclasses.replace(small, jobs=200, job_ms=5, workers=2, kills=0, schedule=(half_open,), drain_timeout=2)
+    sc = small.replace(jobs=200, job_ms=5, workers=2, kills=0, schedule=(half_open,), drain_timeout=2)
     result = run_sweep(sc, "reliable", "socket_timeout", "1,0", Options(redis_url=valkey_url))
     with_timeouts, without = result.runs
     assert with_timeouts.problems == [] and without.problems == []
@@ -81,9 +80,7 @@ def test_a_producer_cut_off_makes_indeterminate_enqueues_and_only_a_request_that
     Requests lost: neither ran. Either way no acknowledged enqueue is missing and nothing runs twice."""
     cut = {"kind": "network", "target": "producer", "toxic": "timeout", "direction": direction, "at": 0.2,
            "duration": 0.5}  # fmt: skip
-    sc = dataclasses.replace(
-        small, jobs=200, job_ms=2, workers=2, kills=0, schedule=(cut,), produce_s=0.8, socket_timeout=0.3
-    )
+    sc = small.replace(jobs=200, job_ms=2, workers=2, kills=0, schedule=(cut,), produce_s=0.8, socket_timeout=0.3)
     result = run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
     run = result.runs[0]
     c, (nf,) = run.counts, run.network_faults
@@ -111,8 +108,8 @@ def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_ack
     2 s, more than twice as fast as 2 workers run 30 ms jobs: a backlog builds however late a loaded
     machine runs the loop, so jobs of the lag still wait at the failover."""
     link = {"kind": "network", "target": "replica", "toxic": "timeout", "at": 0.5}
-    sc = dataclasses.replace(
-        small, jobs=300, job_ms=30, workers=2, kills=0, fault="failover", fault_at=1.2, produce_s=2.0,
+    sc = small.replace(
+        jobs=300, job_ms=30, workers=2, kills=0, fault="failover", fault_at=1.2, produce_s=2.0,
         schedule=(link,),
     )  # fmt: skip
     result = run_designs(sc, ["reliable"], Options())
@@ -144,7 +141,7 @@ def test_a_network_fault_the_proxy_cannot_make_is_refused(
     small: Scenario, entry: dict[str, object], broker: str, problem: str
 ) -> None:
     fault = {"kind": "network", "toxic": "timeout", "at": 0.5, **entry}
-    sc = dataclasses.replace(small, schedule=(fault,), fault=broker)
+    sc = small.replace(schedule=(fault,), fault=broker)
     assert any(problem in p for p in problems_of(sc)), problems_of(sc)
 
 
@@ -178,7 +175,7 @@ def test_an_enqueue_through_the_proxy_that_never_returns_is_abandoned_with_its_d
 def test_a_run_uses_the_proxy_or_partitions_not_both(small: Scenario) -> None:
     drop = {"kind": "network", "toxic": "drop", "at": 0.5, "duration": 0.5}
     slow = {"kind": "network", "toxic": "latency", "latency": 100, "at": 0.5}
-    problems = problems_of(dataclasses.replace(small, schedule=(drop, slow)))
+    problems = problems_of(small.replace(schedule=(drop, slow)))
     assert any("the proxy's toxics or network partitions" in p for p in problems), problems
     assert netns.RULES == faults.PARTITION_TOXICS  # one vocabulary, checked where it is parsed
 
@@ -186,7 +183,7 @@ def test_a_run_uses_the_proxy_or_partitions_not_both(small: Scenario) -> None:
 def test_partitions_refuse_a_server_crashbench_did_not_start(small: Scenario, valkey_url: str) -> None:
     """They change the server's bind and protected mode: never on a server crashbench does not own."""
     drop = {"kind": "network", "toxic": "drop", "at": 0.2, "duration": 0.2}
-    sc = dataclasses.replace(small, jobs=50, kills=0, schedule=(drop,))
+    sc = small.replace(jobs=50, kills=0, schedule=(drop,))
     with pytest.raises(UsageError, match="need a server crashbench starts"):
         run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
 
@@ -197,7 +194,7 @@ def test_a_real_partition_is_a_reconnect_with_timeouts_and_leaves_nothing_behind
     pop, 0.5 s socket timeouts: each times out, reconnects once healed, and the queue drains; nothing is
     lost, nothing runs twice at once, and no namespace or iptables chain of the run is left."""
     drop = {"kind": "network", "toxic": "drop", "at": 0.3, "duration": 0.6}
-    sc = dataclasses.replace(small, jobs=200, job_ms=5, workers=2, kills=0, schedule=(drop,), socket_timeout=0.5)
+    sc = small.replace(jobs=200, job_ms=5, workers=2, kills=0, schedule=(drop,), socket_timeout=0.5)
     run = run_designs(sc, ["reliable"], Options()).runs[0]
     c, (nf,) = run.counts, run.network_faults
     assert run.problems == [] and nf.toxic == "drop" and nf.slots == [0, 1] and nf.resume_ms is not None

@@ -74,7 +74,7 @@ def crash_result(valkey_url: str) -> Result:
     """naive and reliable under 2 mid-job kills, with a threshold naive fails and reliable meets. The
     work lasts 2 s, ten times the kills' span: on a loaded machine a kill comes late, and a queue run dry
     by then leaves its victim idle (a kill that hits no job)."""
-    sc = Scenario(name="report", jobs=600, job_ms=10, workers=3, kills=2, interval=0.1, stale_after=0.3,
+    sc = Scenario.of(name="report", jobs=600, job_ms=10, workers=3, kills=2, interval=0.1, stale_after=0.3,
                   recover_every=0.05, drain_timeout=15)  # fmt: skip
     options = Options(redis_url=valkey_url, thresholds=(thresholds.parse("lost == 0"),))
     return run_designs(sc, ["naive", "reliable"], options, kind="compare")

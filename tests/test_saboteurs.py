@@ -3,7 +3,6 @@ ids included, and a design whose own report lies must be caught by the evidence 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import threading
@@ -31,9 +30,9 @@ def checks(run) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("kills, seed", [(0, 1), (5, 1), (5, 2)])
 def test_saboteur_counts_come_out_exactly_as_planted(valkey_url: str, small: Scenario, kills: int, seed: int) -> None:
-    sc = dataclasses.replace(small, kills=kills, seed=seed)
+    sc = small.replace(kills=kills, seed=seed)
     run = run_designs(sc, ["designs_saboteur:SaboteurQueue"], Options(redis_url=valkey_url)).runs[0]
-    plant = planted(job_ids(sc.jobs))
+    plant = planted(job_ids(sc.workload.jobs))
     c = run.counts
     assert set(run.jobs["lost"]) == plant["lost"] and c.lost == len(plant["lost"]) == 30
     assert set(run.duplicates) == plant["duplicated"] and c.duplicated == 30
@@ -71,7 +70,7 @@ def test_a_backlog_that_always_says_zero_is_caught(valkey_url: str, small: Scena
     # One worker: the drain ends (backlog() says 0) at its first look between two of the worker's jobs,
     # which comes within a few jobs; four workers are seldom all between jobs at once, and the drain
     # could wait through most of the queue. 600 jobs of 10 ms: 2 s of margin before 200 are done.
-    sc = dataclasses.replace(small, kills=0, workers=1)
+    sc = small.replace(kills=0, workers=1)
     run = run_designs(sc, ["designs_saboteur:ZeroBacklog"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert run.timings.drained  # it believed its backlog() ...
@@ -91,9 +90,9 @@ def test_jobs_the_workers_stop_takes_count_where_they_were_held_before(valkey_ur
     """Redis is read before the workers are stopped, and after: the parked jobs their stop deleted are
     stranded at "parked" (taken_by_stop), not lost, and no check fires (state(), read after the stop,
     cannot report them)."""
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["designs_saboteur:StopTakesParked"], Options(redis_url=valkey_url)).runs[0]
-    parked = {j for j in job_ids(sc.jobs) if int(j) % 10 == 7}
+    parked = {j for j in job_ids(sc.workload.jobs) if int(j) % 10 == 7}
     c = run.counts
     assert run.problems == []
     assert (c.lost, c.stranded, c.taken_by_stop, c.done) == (0, 60, 60, 540) and c.stranded_at == {"parked": 60}
@@ -101,7 +100,7 @@ def test_jobs_the_workers_stop_takes_count_where_they_were_held_before(valkey_ur
 
 
 def test_requeues_without_requeue_events_are_caught(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["designs_saboteur:InflatedRequeues"], Options(redis_url=valkey_url)).runs[0]
     # Reported requeued by no requeue event, and never started again, held or dead-lettered either.
     ids = ["000001", "000002", "000003"]
@@ -137,13 +136,13 @@ def test_poison_for_jobs_that_never_failed_is_caught(valkey_url: str, small: Sce
 
 
 def test_a_location_that_is_not_a_string_is_a_problem_not_a_crash(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["designs_saboteur:BadLocation"], Options(redis_url=valkey_url)).runs[0]
     assert "state_types" in checks(run)
 
 
 def test_a_design_that_raises_is_an_unexpected_error_with_its_workdir_kept(valkey_url: str, small: Scenario) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     with pytest.raises(UnexpectedError) as info:
         run_designs(sc, ["designs_saboteur:StateRaises"], Options(redis_url=valkey_url))
     message = info.value.message
@@ -162,7 +161,7 @@ def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
 ) -> None:
     """Nothing in the design knows: a client outside the run removes ten known jobs from the pending
     list right after the enqueue, before any worker can reach them (they are the last in line)."""
-    sc = dataclasses.replace(small, kills=kills)
+    sc = small.replace(kills=kills)
     victims = [f"{n:06d}" for n in range(590, 600)]
     removed: list[int] = []
     client = redis.Redis.from_url(valkey_url, decode_responses=True)
@@ -192,7 +191,7 @@ def test_jobs_deleted_from_redis_by_another_process_are_exactly_the_lost_ones(
 def test_a_job_id_with_a_space_crashes_one_worker_with_a_clear_error_not_the_run(
     valkey_url: str, small: Scenario
 ) -> None:
-    sc = dataclasses.replace(small, kills=0)
+    sc = small.replace(kills=0)
     run = run_designs(sc, ["designs_saboteur:SpacedId"], Options(redis_url=valkey_url)).runs[0]
     assert run.counts.worker_crashes == 1 and run.counts.done == 600
     assert "job id 'a b' contains whitespace" in run.worker_exits[0].log_tail

@@ -3,7 +3,6 @@ harness side of the adapter, which speaks saq's layout without saq (no server)."
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -49,7 +48,7 @@ def test_saq_without_kills_runs_every_job(small: Scenario, design: str) -> None:
     # copy with attempts 0, runs it again: a sequential duplicate, never two runs at once.
     # One worker running one job at a time: the start-up sweep then catches at most one job, and the
     # run waits at most 5 s on it. saq's default concurrency (10) is checked without a server below.
-    sc = dataclasses.replace(small, jobs=60, kills=0, workers=1, concurrency=1)
+    sc = small.replace(jobs=60, kills=0, workers=1, concurrency=1)
     result = run_designs(sc, [design], Options(worker_python=saq_python()))
     run = result.runs[0]
     c = run.counts
@@ -64,9 +63,7 @@ def test_saq_reliable_runs_the_killed_jobs_again(small: Scenario) -> None:
     # One job per worker process (queue.concurrency), so each kill leaves exactly one job in `active`.
     # The heartbeat (1 s) finds it stuck, a sweep (every 1 s) aborts it, waits 5 s on its dead worker,
     # then retries it. Two workers keep the sweep's list short: it goes through it one job after another.
-    sc = dataclasses.replace(
-        small, jobs=150, job_ms=20, workers=2, kills=2, interval=0.15, concurrency=1, drain_timeout=20
-    )
+    sc = small.replace(jobs=150, job_ms=20, workers=2, kills=2, interval=0.15, concurrency=1, drain_timeout=20)
     run = run_designs(sc, ["saq:reliable"], Options(worker_python=saq_python())).runs[0]
     c = run.counts
     assert run.problems == []

@@ -30,8 +30,9 @@ def test_every_shipped_scenario_is_valid() -> None:
 
 def test_default_scenario_is_the_lessons_crash_test() -> None:
     sc = scenario.load("default")
-    assert (sc.jobs, sc.job_ms, sc.workers, sc.kills, sc.interval, sc.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
-    assert sc.kill_when == "mid-job"
+    w, f = sc.workload, sc.faults
+    assert (w.jobs, w.job_ms, w.workers, f.kills, f.interval, f.signal) == (2000, 10, 4, 5, 0.5, "SIGKILL")
+    assert sc.faults.kill_when == "mid-job"
     assert sc.ideal_s == pytest.approx(5.0)
     assert {"lost == 0", "stranded == 0", "done == enqueued"} <= {t.rule() for t in sc.expect["reliable"]}
 
@@ -74,7 +75,7 @@ def test_unknown_scenario_names_the_known_ones() -> None:
 
 def test_overrides_replace_and_are_validated() -> None:
     sc = with_overrides(scenario.load("default"), kills=2, signal="term", jobs=None)
-    assert (sc.kills, sc.signal, sc.jobs) == (2, "SIGTERM", 2000)
+    assert (sc.faults.kills, sc.faults.signal, sc.workload.jobs) == (2, "SIGTERM", 2000)
     with pytest.raises(ScenarioError, match=r"workload\.workers"):
         with_overrides(sc, workers=0)
 
@@ -95,7 +96,7 @@ def test_scenario_expectations_are_thresholds_and_bad_ones_are_listed(tmp_path: 
 
 
 def test_same_seed_same_schedule_other_seed_other_victims() -> None:
-    sc = scenario.Scenario(kills=20, workers=4)
+    sc = scenario.Scenario.of(kills=20, workers=4)
     assert plan(sc) == plan(sc)
     other = plan(with_overrides(sc, seed=2))
     assert [k.slot for k in other] != [k.slot for k in plan(sc)]
@@ -103,10 +104,10 @@ def test_same_seed_same_schedule_other_seed_other_victims() -> None:
 
 
 def test_sweep_values_follow_the_settings_declared_type() -> None:
-    sc = scenario.Scenario(heartbeat_every=0)  # as a TOML file may write it
+    sc = scenario.Scenario.of(heartbeat_every=0)  # as a TOML file may write it
     values = sweep_values(sc, "heartbeat_every", "0, 0.1")
-    assert [v.heartbeat_every for v in values] == [0.0, 0.1]
-    assert [v.kills for v in sweep_values(sc, "kills", "1,3")] == [1, 3]
+    assert [v.queue.heartbeat_every for v in values] == [0.0, 0.1]
+    assert [v.faults.kills for v in sweep_values(sc, "kills", "1,3")] == [1, 3]
     with pytest.raises(UsageError, match="not a whole number"):
         sweep_values(sc, "kills", "1.5")
 
@@ -186,7 +187,7 @@ def test_huge_numbers_are_refused_with_a_short_message(tmp_path: Path) -> None:
 def test_a_file_that_is_not_utf8_is_a_clean_error(tmp_path: Path) -> None:
     (found,) = problems_of(tmp_path, "[workload]\n# caf\xe9\njobs = 3\n".encode("latin-1"))
     assert found.startswith("not UTF-8 text (byte 0xe9")
-    assert scenario.load(str(_write(tmp_path / "bom.toml", b"\xef\xbb\xbf[workload]\njobs = 3\n"))).jobs == 3
+    assert scenario.load(str(_write(tmp_path / "bom.toml", b"\xef\xbb\xbf[workload]\njobs = 3\n"))).workload.jobs == 3
     # `list` in a directory whose ./scenarios holds one: it shows as invalid, the others still listed
     _write(tmp_path / "scenarios" / "bad.toml", b"name = '\xff'\n")
     cp = crashbench("list", cwd=tmp_path)
@@ -274,7 +275,7 @@ pause = 0.5
 
 def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
     sc = scenario.parse(tomllib.loads(MIXED), "mixed.toml")
-    assert (sc.kills, sc.fault, sc.fault_at, sc.downtime) == (0, "kill", 0.9, 0.4)
+    assert (sc.faults.kills, sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (0, "kill", 0.9, 0.4)
     faults = plan(sc)
     assert [(f.at, f.kind, f.signal) for f in faults] == [
         (0.4, "signal", "SIGTERM"), (0.7, "signal", "SIGTERM"), (0.9, "broker-kill", "SIGKILL"),
@@ -373,9 +374,9 @@ def test_the_network_option_is_a_faults_entry_from_the_command_line() -> None:
 
 
 def test_a_socket_timeout_within_the_workers_pop_is_refused() -> None:
-    assert scenario.problems_of(scenario.Scenario(socket_timeout=0)) == []  # none: the hang, on purpose
-    assert scenario.problems_of(scenario.Scenario(socket_timeout=0.5)) == []
-    problems = scenario.problems_of(scenario.Scenario(socket_timeout=0.05))
+    assert scenario.problems_of(scenario.Scenario.of(socket_timeout=0)) == []  # none: the hang, on purpose
+    assert scenario.problems_of(scenario.Scenario.of(socket_timeout=0.5)) == []
+    problems = scenario.problems_of(scenario.Scenario.of(socket_timeout=0.05))
     assert problems == ["queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop (0.1 s)"]
 
 

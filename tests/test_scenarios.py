@@ -30,7 +30,7 @@ SHIPPED = ["default", "ci", "poison", "broker-kill-none"]
 @pytest.mark.parametrize("name", SHIPPED)
 def test_a_shipped_scenario_meets_its_own_expectations(name: str, tmp_path: Path) -> None:
     sc = scenario.load(name)
-    result = run_designs(sc, list(sc.designs), Options(), kind="check")
+    result = run_designs(sc, list(sc.run.designs), Options(), kind="check")
     failing = [
         f"{t.design}: {t.threshold} (got {t.actual}, expected {t.expected})" for t in result.thresholds if not t.met
     ]

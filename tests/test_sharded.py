@@ -200,7 +200,7 @@ def test_bench_measures_the_sharded_design_on_a_cluster_with_every_primary_count
 def test_queue_shards_at_its_default_leaves_the_fingerprint_as_before_the_setting() -> None:
     # Scenario().fingerprint() before queue.shards existed (commit 7dc185b): stored results stay comparable.
     assert Scenario().fingerprint() == "8557c0e9c341"
-    assert Scenario(shards=3).fingerprint() != "8557c0e9c341"
+    assert Scenario.of(shards=3).fingerprint() != "8557c0e9c341"
 
 
 def test_the_readme_sharded_table_is_what_its_result_files_give() -> None:

@@ -189,11 +189,11 @@ def test_two_live_consumers_with_one_name_run_one_job_twice_at_once(client: redi
 
 
 def few(**changes: object) -> Scenario:
-    base = Scenario(
+    base = Scenario.of(
         name="consumers", jobs=300, job_ms=5, workers=3, kills=2, interval=0.1, stale_after=0.3,
         recover_every=0.05, drain_timeout=10,
     )  # fmt: skip
-    return dataclasses.replace(base, **changes)
+    return base.replace(**changes)
 
 
 def test_the_cleanup_keeps_the_group_from_growing_with_the_kills(valkey_url: str, tmp_path: Path) -> None:
@@ -227,7 +227,9 @@ def test_stream_reuse_recovers_at_restart_speed_and_leaves_no_consumer(valkey_ur
     # Each killed job came back through its replacement's re-read, before XAUTOCLAIM (stale_after: 5 s
     # of idle time) could have taken it: the slot's name reached the worker process. (A bound far from
     # the restart's ~0.1 s, so that a loaded machine does not fail it.)
-    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < sc.stale_after * 1000, run.kills
+    assert run.timings.recovery_ms_max is not None and run.timings.recovery_ms_max < sc.queue.stale_after * 1000, (
+        run.kills
+    )
     assert c.consumers == 0
 
 

@@ -26,7 +26,7 @@ from crashbench.run.session import Options, run_designs
 from tests.conftest import assert_recounts
 from tests.test_cli import assert_clean_error, crashbench_here
 
-TRIMMED = Scenario(name="trim", jobs=150, job_ms=0, workers=2, kills=0, stream_maxlen=100, drain_timeout=5)
+TRIMMED = Scenario.of(name="trim", jobs=150, job_ms=0, workers=2, kills=0, stream_maxlen=100, drain_timeout=5)
 
 
 def test_the_claim_drops_and_counts_a_pending_entry_the_stream_trimmed(client: redis.Redis) -> None:
@@ -65,7 +65,7 @@ def test_a_bound_below_the_backlog_loses_exactly_the_oldest_unread_jobs(valkey_u
     assert (c.done, c.lost, c.trimmed, c.trimmed_unread, c.trimmed_pending) == (100, 50, 50, 50, 0)
     assert run.jobs["lost"] == run.jobs["trimmed_unread"] == [f"{i:06d}" for i in range(50)]
     assert run.jobs["trimmed_pending"] == []
-    unbounded = run_designs(dataclasses.replace(TRIMMED, stream_maxlen=0), ["stream"], Options(redis_url=valkey_url))
+    unbounded = run_designs(TRIMMED.replace(stream_maxlen=0), ["stream"], Options(redis_url=valkey_url))
     assert (unbounded.runs[0].counts.lost, unbounded.runs[0].counts.trimmed) == (0, 0)
     assert_recounts(unbounded, tmp_path)
 
@@ -75,7 +75,7 @@ def test_approximate_trimming_loses_whole_nodes_of_the_oldest_unread_jobs(valkey
     nodes' sizes in bytes (the entry ids' deltas, so the enqueue's timing), which no second stream
     reproduces. What the run must show: the lost are exactly the oldest jobs, each trimmed unread (its
     entry id below the stream's first at the end), and the kept ones all done."""
-    sc = dataclasses.replace(TRIMMED, jobs=1050, stream_maxlen=300, stream_trim="approximate")
+    sc = TRIMMED.replace(jobs=1050, stream_maxlen=300, stream_trim="approximate")
     run = run_designs(sc, ["stream"], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert run.problems == [] and run.timings.drained
@@ -88,7 +88,7 @@ def test_pending_entries_trimmed_are_lost_and_named(valkey_url: str, tmp_path: P
     """Produced while the workers run, the backlog passes the bound: the killed worker's pending entry
     is trimmed before its claim, and every other job the workers did not reach is trimmed unread. Two
     workers of 20 ms jobs (100 a second) fall behind a producer of 400 a second, loaded or not."""
-    sc = Scenario(
+    sc = Scenario.of(
         name="trim-pending", jobs=400, job_ms=20, workers=2, kills=1, interval=0.3, produce="during", produce_s=1.0,
         stream_maxlen=50, stale_after=0.3, recover_every=0.05, drain_timeout=5,
     )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Any
 
@@ -26,7 +25,7 @@ def test_taskiq_without_kills_runs_every_job_exactly_once_and_leaves_no_key(
     # taskiq's shipped concurrency: 100 async tasks, the sync handler in the default thread pool. On a
     # server crashbench does not own: every key taskiq wrote is under the run's prefix, and is gone.
     before = set(client.scan_iter())
-    run = run_designs(dataclasses.replace(small, jobs=60, kills=0), [design], Options(redis_url=valkey_url)).runs[0]
+    run = run_designs(small.replace(jobs=60, kills=0), [design], Options(redis_url=valkey_url)).runs[0]
     c = run.counts
     assert run.problems == []
     assert c.done == c.enqueued == c.executions == 60
@@ -38,7 +37,7 @@ def test_taskiq_without_kills_runs_every_job_exactly_once_and_leaves_no_key(
 def _killed(small: Scenario, design: str) -> tuple:
     # One handler per worker, so that each kill interrupts one job and the worker holds no other:
     # max_async_tasks 1 also stops the Receiver taking messages ahead of the one it runs.
-    sc = dataclasses.replace(small, jobs=500, job_ms=20, kills=3, interval=0.15, concurrency=1, drain_timeout=8)
+    sc = small.replace(jobs=500, job_ms=20, kills=3, interval=0.15, concurrency=1, drain_timeout=8)
     run = run_designs(sc, [design], Options()).runs[0]
     assert run.problems == []
     assert run.counts.kills_mid_job == 3, run.kills

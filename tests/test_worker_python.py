@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import sys
@@ -33,7 +32,7 @@ def arq_python() -> str:
 def test_built_in_design_under_another_interpreter_loses_nothing_to_kills(small: Scenario) -> None:
     # Each worker execs a fresh interpreter: still a real process of ours, killed mid-job for real.
     # 600 jobs of 20 ms (3 s for 4 workers): work left after a loaded machine's cold start-ups.
-    sc = dataclasses.replace(small, jobs=600, job_ms=20, kills=3, interval=0.3)
+    sc = small.replace(jobs=600, job_ms=20, kills=3, interval=0.3)
     run = run_designs(sc, ["reliable"], Options(worker_python=sys.executable)).runs[0]
     c = run.counts
     assert run.problems == []
@@ -72,7 +71,7 @@ def test_arq_without_an_interpreter_that_has_it_names_the_option(small: Scenario
 
 @pytest.mark.parametrize("design", ["arq", "arq:reliable"])
 def test_arq_without_kills_runs_every_job_exactly_once(small: Scenario, design: str) -> None:
-    sc = dataclasses.replace(small, jobs=60, kills=0, library={design: {"poll_delay": 0.02}})
+    sc = small.replace(jobs=60, kills=0, library={design: {"poll_delay": 0.02}})
     result = run_designs(sc, [design], Options(worker_python=arq_python()))
     run = result.runs[0]
     c = run.counts
@@ -88,8 +87,8 @@ def test_arq_reliable_runs_a_killed_job_again_once_its_in_progress_key_expires(s
     # does a worker start the job again. Nothing is lost; the recovery time shows arq's fixed 10 s.
     # One job at a time: with arq's max_jobs 10 the kill may also take a job whose handler ended before
     # arq removed it from the queue, which then runs again (at-least-once, not this test's point).
-    sc = dataclasses.replace(
-        small, jobs=150, job_ms=20, kills=1, interval=0.3, concurrency=1, library={"arq:reliable": {"poll_delay": 0.02}}
+    sc = small.replace(
+        jobs=150, job_ms=20, kills=1, interval=0.3, concurrency=1, library={"arq:reliable": {"poll_delay": 0.02}}
     )
     result = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python()))
     assert_recounts(result, tmp_path)  # workers under another interpreter, from the timeline alone
@@ -107,9 +106,7 @@ def test_arq_cancelling_a_job_its_handler_finishes_is_a_library_disagreement(sma
     # job_timeout is a hard limit in arq: at 0.5 s it cancels the 1 s jobs and records each failed
     # (TimeoutError), while the handler's thread runs on and writes its end record. The run warns of
     # it before it starts, and counts every job as a disagreement, ids included.
-    sc = dataclasses.replace(
-        small, jobs=3, job_ms=1000, kills=0, library={"arq:reliable": {"job_timeout": 0.5, "max_tries": 1}}
-    )
+    sc = small.replace(jobs=3, job_ms=1000, kills=0, library={"arq:reliable": {"job_timeout": 0.5, "max_tries": 1}})
     run = run_designs(sc, ["arq:reliable"], Options(worker_python=arq_python())).runs[0]
     c = run.counts
     assert run.problems == []

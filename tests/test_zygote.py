@@ -5,7 +5,6 @@ and they leave out what the runner allocated after it started, and it ends when 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import time
@@ -179,11 +178,11 @@ def test_a_crash_run_forks_every_worker_from_a_zygote_started_before_its_job_lis
 
     monkeypatch.setattr(runner, "job_ids", large_job_ids)
     monkeypatch.setattr(Supervisor, "spawn", measured_spawn)
-    sc = dataclasses.replace(small, jobs=600, kills=2, interval=0.05)  # 1.5 s of work: late kills find a job
+    sc = small.replace(jobs=600, kills=2, interval=0.05)  # 1.5 s of work: late kills find a job
     run = run_designs(sc, ["reliable"], Options(redis_url=valkey_url)).runs[0]
     ballast.clear()
     assert run.problems == [] and run.counts.kills_mid_job == 2 and run.counts.done == 600
-    assert len(seen) == sc.workers + 2  # the replacements too
+    assert len(seen) == sc.workload.workers + 2  # the replacements too
     for me, *others in seen:  # the watchdog too was forked before the job list (reaper.Watchdog.start)
         assert max(others) < me - BALLAST * 9 // 10
 

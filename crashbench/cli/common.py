@@ -257,7 +257,7 @@ def build_scenario(opts: dict[str, Any]) -> Scenario:
             raise UsageError(
                 f"--network {text!r}: {exc}", hint="e.g. --network toxic=timeout,at=1,duration=2"
             ) from None
-    return with_overrides(sc, schedule=(*sc.schedule, *entries)) if entries else sc
+    return with_overrides(sc, schedule=(*sc.faults.schedule, *entries)) if entries else sc
 
 
 def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, ...]:

@@ -56,7 +56,7 @@ def design_list(designs: str | None, sc: Scenario) -> list[str]:
     names = [d.strip() for d in designs.split(",") if d.strip()] if designs else []
     if designs is not None and not names:
         raise UsageError("--designs is empty")
-    return names or list(sc.designs) or list(BUILTIN_ORDER)
+    return names or list(sc.run.designs) or list(BUILTIN_ORDER)
 
 
 @cli.command()

@@ -27,7 +27,7 @@ from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
 from crashbench.faults import registry
 from crashbench.model.counts import Counts
-from crashbench.model.spec import Scenario
+from crashbench.model.sections import FIELDS, SECTION_RECORDS
 from crashbench.scenario.settings import CHOICES, NUMBERS, SECTIONS
 
 HEADER = """\
@@ -127,8 +127,9 @@ def scenario_keys() -> Iterator[str]:
     yield "## Scenario keys\n"
     yield "A scenario is a TOML file; each key sits in its section. Defaults are `crashbench.model.spec.Scenario`'s.\n"
     described = {field: re.sub(r"\s*\([a-z]+\.[a-z_]+\)\.?$", "", text) for _, field, _, text in OVERRIDES}
-    comments = {name.strip("`"): text for name, text in field_comments(Scenario) if name}
-    defaults = {f.name: f.default for f in dataclasses.fields(Scenario)}
+    records = SECTION_RECORDS.values()
+    comments = {name.strip("`"): text for record in records for name, text in field_comments(record) if name}
+    defaults = {name: f.default for name, f in FIELDS.items()}
     for section, names in SECTIONS.items():
         yield f"### `[{section}]`\n"
         yield "| Key | Default | Accepts | What it sets |\n|---|---|---|---|"

@@ -95,7 +95,7 @@ def _outcomes(h: History, before: Sections) -> Section:
     c, classes = counting.count(
         tl.ids, tl.executions, tl.located, tl.state, drops_failed=tl.design.drops_failed,
         kills=len(records := before.fact("kills", "records")), kills_mid_job=sum(k.mid_job for k in records),
-        workload=sc.workload(), settings=sc.settings(), indeterminate=tl.indeterminate,
+        workload=sc.workload_model(), settings=sc.settings(), indeterminate=tl.indeterminate,
         broker_fault=tl.fault_window(), drained=tl.drained, cut_off=tl.cut_off,
     )  # fmt: skip
     c.worker_crashes = len(tl.exits)
@@ -170,7 +170,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
         design=tl.spec,
         variant=tl.variant,
         prefix=tl.prefix,
-        seed=h.scenario.seed,
+        seed=h.scenario.faults.seed,
         counts=c,
         timings=_timings(tl, h.scenario, records, c.done, sections.fact("recovery", "recoveries")),
         kills=records,
@@ -198,7 +198,7 @@ def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidenc
     if tl.broker_fault is not None:
         times.append(tl.broker_fault.at)
     faults = len(tl.kills) + sum(max(1, len(nf.slots)) for nf in tl.network)
-    faults += sc.workers if tl.broker_fault is not None else 0
+    faults += sc.workload.workers if tl.broker_fault is not None else 0
     return evidence.Redelivery(
         redelivered=classes["redelivered"],
         redeliveries=c.redeliveries,

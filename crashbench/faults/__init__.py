@@ -71,11 +71,11 @@ def plan(scenario: Scenario) -> list[Fault]:
     """The fault schedule, ordered by start: the same seed gives the same victims at the same times,
     for every design. The periodic group draws its slots first, then each [[faults]] entry in order,
     then the other families' sections (the broker's fault)."""
-    rng = random.Random(scenario.seed)
+    rng = random.Random(scenario.faults.seed)
     out: list[Fault] = []
     for family in (f for f in registry.FAMILIES if f.section_first):
         out += family.section(scenario, len(out), rng)
-    for entry in scenario.schedule:
+    for entry in scenario.faults.schedule:
         family = registry.owner(entry)
         if family is not None:
             out += family.plan(entry, len(out), scenario, rng)

@@ -144,8 +144,9 @@ class FaultFamily:
     section_first: bool = False  # its section is drawn before the entries (the seed's order)
     # An entry's faults, numbered from `start`; the seed drawn in the entries' order.
     plan: Callable[[Entry, int, Scenario, random.Random], list[Fault]] = no_entry_faults
-    # The scenario fields an entry sets instead of joining the schedule ([broker] faults: one per run);
-    # None: its entries join the schedule.
+    # The scenario fields an entry sets instead of joining the schedule ([broker] faults: one per run),
+    # by their flat names (fault, fault_at: Scenario.replace puts each in its section); None: its
+    # entries join the schedule.
     fields: Callable[[Entry], dict[str, Any]] | None = None
     # The driver that injects and heals its faults, built from the run once its workers run; None: none.
     driver: Callable[[FaultRun], Driver | None] = no_driver

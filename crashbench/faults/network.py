@@ -29,7 +29,7 @@ TARGETS = ("workers", "producer", "replica")
 
 
 def plan(entry: Entry, index: int, sc: Scenario, rng: random.Random) -> list[Fault]:
-    workers = sc.workers
+    workers = sc.workload.workers
     target = entry.get("target", "workers")
     if target != "workers":
         slots: tuple[int, ...] = ()
@@ -86,7 +86,7 @@ def _partition_problems(entry: dict[str, Any], where: str) -> list[str]:
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     from crashbench.control.proxy import DIRECTIONS, TOXICS  # the proxy's own vocabulary
 
-    where, workers = f"[[faults]] network entry {n}", sc.workers
+    where, workers = f"[[faults]] network entry {n}", sc.workload.workers
     p = []
     toxic = entry.get("toxic")
     if toxic not in TOXICS and toxic not in PARTITION_TOXICS:
@@ -122,22 +122,22 @@ def combinations(sc: Scenario) -> list[str]:
     targets do not mix with a broker fault (workers re-read the server's address after one and would
     bypass it), and the replica link exists only in a failover run."""
     p = []
-    network = [e for e in sc.schedule if isinstance(e, dict) and e.get("kind") == "network"]
+    network = [e for e in sc.faults.schedule if isinstance(e, dict) and e.get("kind") == "network"]
     if {e.get("toxic") in PARTITION_TOXICS for e in network} == {True, False}:
         p.append(
             "[[faults]]: a run uses the proxy's toxics or network partitions (drop, reject, loss), not both: "
             "a worker in a namespace cannot reach the proxy"
         )
-    for n, e in enumerate(sc.schedule, 1):
+    for n, e in enumerate(sc.faults.schedule, 1):
         if not isinstance(e, dict) or e.get("kind") != "network":
             continue
         target = e.get("target", "workers")
-        if target == "replica" and sc.fault != "failover":
+        if target == "replica" and sc.broker.fault != "failover":
             p.append(f'[[faults]] network entry {n}: target = "replica" needs a failover run (fault = "failover")')
-        elif target in ("workers", "producer") and sc.fault != "none":
+        elif target in ("workers", "producer") and sc.broker.fault != "none":
             p.append(
                 f'[[faults]] network entry {n}: target = "{target}" cannot be combined with a broker fault '
-                f'({sc.fault}): the proxy follows one server; use target = "replica" in a failover run'
+                f'({sc.broker.fault}): the proxy follows one server; use target = "replica" in a failover run'
             )
     return p
 
@@ -149,7 +149,7 @@ def driver(run: FaultRun) -> Driver | None:
     if net.proxy is None and net.partitions is None:
         return None
     sync = run.broker.sync_replica if run.broker is not None else None  # type: ignore[attr-defined]
-    d = NetworkFaults(run.planned, net.proxy, run.clock, run.sc.workers, run.producer, sync, net.partitions)  # type: ignore[attr-defined]
+    d = NetworkFaults(run.planned, net.proxy, run.clock, run.sc.workload.workers, run.producer, sync, net.partitions)  # type: ignore[attr-defined]
     d.t0 = run.t0
     return d
 

@@ -35,10 +35,11 @@ def fields(entry: Entry) -> dict[str, Any]:
 
 def _section(kinds: tuple[str, ...]) -> Any:
     def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
-        kind = {"kill": "broker-kill"}.get(sc.fault, sc.fault)
+        b = sc.broker
+        kind = {"kill": "broker-kill"}.get(b.fault, b.fault)
         if kind not in kinds:
             return []
-        return [Fault(start, sc.fault_at, -1, kind, duration=sc.downtime if kind in WITH_DOWNTIME else 0.0)]
+        return [Fault(start, b.fault_at, -1, kind, duration=b.downtime if kind in WITH_DOWNTIME else 0.0)]
 
     return section
 
@@ -55,7 +56,7 @@ def _driver(on_cluster: bool) -> Any:
             return None
         cls = ClusterFaults if on_cluster else BrokerFaults
         d = cls(
-            run.planned, run.broker, run.producer, run.sc.replica_lag, run.sc.persistence, run.locate,
+            run.planned, run.broker, run.producer, run.sc.broker.replica_lag, run.sc.broker.persistence, run.locate,
             run.reconnect, run.mark, run.clock,
         )  # fmt: skip
         d.t0 = run.t0

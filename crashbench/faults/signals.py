@@ -29,11 +29,12 @@ AFTER = ("start", "drained")  # what an entry's `at` counts from
 
 def periodic(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     """The [faults] group: `kills` signals `interval` apart, each victim's slot drawn from the seed."""
-    pause = sc.pause if sc.signal == "SIGSTOP" else 0.0
+    f = sc.faults
+    pause = f.pause if f.signal == "SIGSTOP" else 0.0
     return [
-        Fault(start + i, round((i + 1) * sc.interval, 6), rng.randrange(sc.workers), signal=sc.signal,
-              kill_when=sc.kill_when, target=sc.kill_target, duration=pause)
-        for i in range(sc.kills)
+        Fault(start + i, round((i + 1) * f.interval, 6), rng.randrange(sc.workload.workers), signal=f.signal,
+              kill_when=f.kill_when, target=f.kill_target, duration=pause)
+        for i in range(f.kills)
     ]  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fau
     out = []
     every = float(entry.get("every", 0.5))
     for n in range(int(entry.get("count", 1))):
-        slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workers)
+        slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workload.workers)
         signal = entry.get("signal", "SIGKILL")
         out.append(
             Fault(start + n, round(float(entry.get("at", 0.5)) + n * every, 6), slot, signal=signal,
@@ -63,7 +64,7 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
             p.append(f"{where}: {key} must be {'a whole number' if whole else 'a number'}, not {v!r}")
         elif not v >= low or v != v or v in (float("inf"), float("-inf")) or v > 10**9:
             p.append(f"{where}: {key} must be at least {low} (and finite), not {v!r}")
-    slot, workers = entry.get("slot"), sc.workers
+    slot, workers = entry.get("slot"), sc.workload.workers
     if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < workers):
         p.append(f"{where}: slot must be a worker slot, 0 to {workers - 1}, not {slot!r}")
     if entry.get("signal", "SIGKILL") not in FAULT_SIGNALS:

@@ -1,24 +1,41 @@
 """The spec: what a run is asked to do, as a scenario file says it (crashbench.scenario parses and
-validates the TOML into this record). Its fields keep the file's sections, in the file's order:
-workload (what the jobs are), faults (the worker signals), queue (the design's settings), broker (the
-server's own fault), run (designs and the observation window), expect (thresholds per design) and
-library (a library's own settings per design). Every field has a default (the lesson's crash test).
-A result stores it flat (`to_dict`), and `from_dict` reads it back for a replay or a recount.
+validates the TOML into this record). It holds the file's sections, in the file's order, each a
+record of its own (crashbench.model.sections): workload (what the jobs are), faults (the worker
+signals), queue (the design's settings), broker (the server's own fault), run (designs and the
+observation window); then expect (thresholds per design) and library (a library's own settings per
+design). Every field has a default (the lesson's crash test).
+A result stores it flat, one name per key (`to_dict`: `jobs`, not `workload.jobs`), and `from_dict`
+reads it back for a replay or a recount; `of`, `replace` and `value` take the same flat names.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
 from crashbench.model import thresholds
 from crashbench.model.queue import DesignSettings
+from crashbench.model.sections import FIELD_SECTION as FIELD_SECTION
+from crashbench.model.sections import SECTION_RECORDS as SECTION_RECORDS
+from crashbench.model.sections import BrokerSpec as BrokerSpec
+from crashbench.model.sections import FaultsSpec as FaultsSpec
+from crashbench.model.sections import QueueSpec as QueueSpec
+from crashbench.model.sections import RunSpec as RunSpec
+from crashbench.model.sections import WorkloadSpec as WorkloadSpec
+from crashbench.model.sections import flat
 from crashbench.model.thresholds import Threshold
 from crashbench.model.workload import Workload, job_ids
+
+# What a design's settings take from the scenario as they are, by name: every DesignSettings field
+# that is a key of [queue] or [broker]; settings() derives the rest.
+_SETTINGS = {f.name for f in dataclasses.fields(DesignSettings)} & {
+    name for name, section in FIELD_SECTION.items() if section in ("queue", "broker")
+}
+_WORKLOAD = {f.name for f in dataclasses.fields(Workload)} - {"seed"}  # from [workload]; the seed is [faults]'
 
 
 @dataclass(frozen=True)
@@ -26,117 +43,76 @@ class Scenario:
     name: str = "lesson"
     description: str = "The lesson's crash test: 2,000 jobs of 10 ms, 4 workers, a SIGKILL every 0.5 s, 5 kills"
     source: str = "(defaults)"
-    # workload
-    jobs: int = 2000
-    job_ms: float = 10.0
-    workers: int = 4
-    job_dist: str = "fixed"
-    job_ms_max: float = 0.0  # cap of the longtail distribution; 0 means 100 x job_ms
-    poison_rate: float = 0.0  # share of jobs whose handler always raises
-    transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
-    transient_failures: int = 1
-    produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
-    # faults
-    kills: int = 5
-    interval: float = 0.5
-    signal: str = "SIGKILL"
-    kill_when: str = "mid-job"
-    seed: int = 1
-    pause: float = 1.0  # seconds a SIGSTOPped worker stays paused before SIGCONT
-    kill_target: str = "tree"
-    schedule: tuple[dict[str, Any], ...] = ()  # [[faults]] signal entries (crashbench.faults), besides the above
-    # queue
-    stale_after: float = 1.0
-    recover_every: float = 0.25
-    max_attempts: int = 3
-    retry_base: float = 0.1
-    retry_factor: float = 4.0
-    retry_jitter: float = 0.25
-    heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
-    batch_size: int = 10  # jobs per round trip, for the batching designs
-    shards: int = 0  # queues the sharded design spreads its jobs over; 0 = one per primary (1 on one server)
-    concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
-    stream_maxlen: int = 0  # the stream designs' XADD MAXLEN; 0 = never trim
-    stream_trim: str = "exact"  # or "approximate": MAXLEN ~
-    socket_timeout: float = 5.0  # crashbench's own workers' socket and connect timeout; 0: none
-    # broker: faults of the server itself (crashbench.faults.broker); only on a server crashbench started
-    fault: str = "none"
-    fault_at: float = 1.0  # seconds after the workers start
-    downtime: float = 0.5  # seconds the server stays down before it is restarted (kill)
-    persistence: str = "none"  # of the embedded server: none, rdb (a snapshot every second), aof-everysec, aof-always
-    produce_s: float = 3.0  # a broker fault, a producer network fault or produce = "during": enqueue over this long
-    wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
-    wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
-    replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
-    # run
-    # Observation window after the last fault, seconds; None: the design's own default
-    # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
-    drain_timeout: float | None = None
-    designs: tuple[str, ...] = ()
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    faults: FaultsSpec = field(default_factory=FaultsSpec)
+    queue: QueueSpec = field(default_factory=QueueSpec)
+    broker: BrokerSpec = field(default_factory=BrokerSpec)
+    run: RunSpec = field(default_factory=RunSpec)
     expect: dict[str, tuple[Threshold, ...]] = field(default_factory=dict)  # design -> its thresholds
     library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
 
+    @classmethod
+    def of(cls, **values: Any) -> Scenario:
+        """The defaults with the given fields, named flat (`jobs=10`, as `to_dict` names them)."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> Scenario:
+        """A copy with the given fields replaced, named flat: each goes into its section's record.
+        An unknown name is a TypeError, as dataclasses.replace makes it."""
+        top: dict[str, Any] = {}
+        by_section: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            if name in FIELD_SECTION:
+                by_section.setdefault(FIELD_SECTION[name], {})[name] = value
+            else:
+                top[name] = value
+        sections = {s: dataclasses.replace(getattr(self, s), **changed) for s, changed in by_section.items()}
+        return dataclasses.replace(self, **top, **sections)
+
+    def value(self, name: str) -> Any:
+        """A field by its flat name (`jobs`: workload.jobs; `name`: the scenario's own)."""
+        section = FIELD_SECTION.get(name)
+        return getattr(getattr(self, section) if section else self, name)
+
     def settings(self, design: str = "") -> DesignSettings:
+        """What `design` reads: the [queue] and [broker] keys DesignSettings has, its [library] table, and
+        what follows from the rest (the stream trim, the workload's longest handler)."""
+        given = {k: v for section in (self.queue, self.broker) for k, v in flat(section).items() if k in _SETTINGS}
         return DesignSettings(
+            **given,
             options=self.library.get(design, {}),
-            stale_after=self.stale_after,
-            recover_every=self.recover_every,
-            max_attempts=self.max_attempts,
-            retry_base=self.retry_base,
-            retry_factor=self.retry_factor,
-            retry_jitter=self.retry_jitter,
-            heartbeat_every=self.heartbeat_every,
-            batch_size=self.batch_size,
-            shards=self.shards,
-            stream_maxlen=self.stream_maxlen,
-            stream_approximate=self.stream_trim == "approximate",
-            concurrency=self.concurrency,
-            longest_job=self.longest_job_s,
-            wait_replicas=self.wait_replicas,
-            wait_ms=self.wait_ms,
-            socket_timeout=self.socket_timeout,
+            stream_approximate=self.queue.stream_trim == "approximate",
+            longest_job=self.workload.longest_job_s,
         )
 
-    def workload(self) -> Workload:
-        return Workload(
-            job_ms=self.job_ms,
-            job_dist=self.job_dist,
-            job_ms_max=self.job_ms_max,
-            poison_rate=self.poison_rate,
-            transient_rate=self.transient_rate,
-            transient_failures=self.transient_failures,
-            seed=self.seed,
-        )
-
-    @property
-    def longest_job_s(self) -> float:
-        """The longest a handler of this workload can run: the bound the library timeouts are sized by."""
-        if self.job_dist == "longtail":
-            return (self.job_ms_max or 100 * self.job_ms) / 1000
-        return self.job_ms * (1.5 if self.job_dist == "uniform" else 1.0) / 1000
-
-    @property
-    def signum(self) -> int:
-        return int(signal.Signals[self.signal])
+    def workload_model(self) -> Workload:
+        """What each job does (crashbench.model.workload): the [workload] keys it has, and the seed."""
+        given = {k: v for k, v in flat(self.workload).items() if k in _WORKLOAD}
+        return Workload(**given, seed=self.faults.seed)
 
     @property
     def ideal_s(self) -> float:
         """Wall time with every worker busy all the time: the sum of all handler durations / workers."""
-        if self.job_dist == "fixed":
-            return self.jobs * self.job_ms / 1000 / self.workers
-        w = self.workload()
-        return sum(w.duration_s(j) for j in job_ids(self.jobs)) / self.workers
+        w = self.workload
+        if w.job_dist == "fixed":
+            return w.jobs * w.job_ms / 1000 / w.workers
+        model = self.workload_model()
+        return sum(model.duration_s(j) for j in job_ids(w.jobs)) / w.workers
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["designs"] = list(self.designs)
+        """Flat: every section's fields by name, in the sections' order, between the scenario's own."""
+        data: dict[str, Any] = {"name": self.name, "description": self.description, "source": self.source}
+        for section in SECTION_RECORDS:
+            data.update(dataclasses.asdict(getattr(self, section)))
+        data["designs"] = list(self.run.designs)
         data["expect"] = {d: [t.rule() for t in ts] for d, ts in self.expect.items()}
+        data["library"] = copy.deepcopy(self.library)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
         """The scenario a result recorded (`to_dict`), to replay one of its runs."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - set(SECTION_RECORDS) | set(FIELD_SECTION)
         values = {k: v for k, v in data.items() if k in known}
         values["designs"] = tuple(values.get("designs", ()))
         values["schedule"] = tuple(values.get("schedule", ()))
@@ -144,7 +120,7 @@ class Scenario:
             d: tuple(thresholds.parse(rule, design=d, source="scenario") for rule in rules)
             for d, rules in values.get("expect", {}).items()
         }
-        return cls(**values)
+        return cls.of(**values)
 
     def fingerprint(self) -> str:
         """Identifies what was run, so results of the same scenario can be found and compared; the

@@ -46,9 +46,9 @@ class RunNetwork:
         faults = [f for f in planned if f.kind == "network"]
         try:
             if any(f.toxic["name"] in PARTITION_TOXICS for f in faults):
-                self._partition(sc.workers, external)
+                self._partition(sc.workload.workers, external)
             elif faults:
-                self._proxy(faults, url, sc.workers, broker, logs)
+                self._proxy(faults, url, sc.workload.workers, broker, logs)
         except BaseException:
             self.close()
             raise

@@ -109,14 +109,16 @@ class CrashRun:
         # Everything the run could write: the whole server when crashbench started it (crashbench.evidence.keyspace).
         self.scope = keyspace.Scope(self.url, started=not external)
         self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
-        self.window = scenario.drain_timeout or self.design.observe_window()
+        self.window = scenario.run.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
         self.warn = warn
         self.ledger = Ledger(self.dir / "ledger")
         self.broker = broker
         url_file = str(broker.url_file) if broker else None
         settings = scenario.settings(design_spec)
-        wspec = WorkerSpec(redis_url, self.design_cls, self.prefix, settings, scenario.workload(), url_file=url_file)
+        wspec = WorkerSpec(
+            redis_url, self.design_cls, self.prefix, settings, scenario.workload_model(), url_file=url_file
+        )
         self.planned = plan(scenario)
         # Each fault family's driver in this run (crashbench.faults.registry), by family name, once the
         # fault phase begins; the signal family's is `worker_faults`, built below with the supervisor.
@@ -125,7 +127,7 @@ class CrashRun:
         self.external = external
         # The producer enqueues during the run when asked, or when a broker fault or a fault on it may meet it.
         on_producer = any(f.target == "producer" for f in self.planned)
-        self.producing = broker is not None or scenario.produce == "during" or on_producer
+        self.producing = broker is not None or scenario.workload.produce == "during" or on_producer
         self.producer: Producer | None = None
         parent = os.getpid()
         self.worker_python = worker_python
@@ -148,7 +150,7 @@ class CrashRun:
         register = lambda name, _slot: self.ledger.path_for(name)  # noqa: E731 - in the runner, before each fork
         self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker, register=register)
         self.worker_faults = WorkerFaults(
-            self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.longest_job_s
+            self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.workload.longest_job_s
         )
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
@@ -198,7 +200,7 @@ class CrashRun:
 
     def _grace(self) -> float:
         # SIGTERM is a graceful stop: a worker first finishes the job it is in.
-        return 1.0 + 2 * self.sc.longest_job_s
+        return 1.0 + 2 * self.sc.workload.longest_job_s
 
     def _execute(self) -> DesignRun:
         for text in self.warnings if self.warn is not None else ():
@@ -209,7 +211,7 @@ class CrashRun:
         self.sup.start_zygote()
         self.scope.take_before()
         self.design.setup()
-        ids = job_ids(self.sc.jobs)
+        ids = job_ids(self.sc.workload.jobs)
         if not self.producing:
             # Chunks built and sent one by one, the stop flag read between them: 10M jobs take over
             # 30 s to build and send, and Ctrl-C must not wait for that.
@@ -220,7 +222,7 @@ class CrashRun:
                 self.enqueues.append((t, chunk, receipts(self.design.enqueue(self.jobs_for(chunk)), chunk, self.spec)))
         self.t0 = self.clock()
         self.started = time.time()
-        for slot in range(self.sc.workers):
+        for slot in range(self.sc.workload.workers):
             self.sup.spawn(slot)
         self._wait_ready()
 
@@ -260,7 +262,7 @@ class CrashRun:
         self._collect_exits()
         self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
-        self.design.recover(self.clock() + self.sc.stale_after)
+        self.design.recover(self.clock() + self.sc.queue.stale_after)
         timeline = collect.timeline(self, ended.drained, ended.cut_off, drained_at, faults_end, settled, before)
         return tally.design_run(timeline, registry.checkers())
 
@@ -278,7 +280,7 @@ class CrashRun:
         if now >= self._next_recover and self.phase != "starting" and not down:
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
-            self._next_recover = now + self.sc.recover_every
+            self._next_recover = now + self.sc.queue.recover_every
         if self.sampler.due(now) and self.phase != "starting" and not down:
             self._sample_depth(now)
         if self.lease is not None:
@@ -291,15 +293,15 @@ class CrashRun:
             return
         self._next_progress = now + 0.1
         wf = self.worker_faults
-        self.progress(Progress(self.spec, self.phase, self.sc.jobs, self.ledger.done, len(wf.records), wf.total,
-                               len(self.sup.alive()), now - self.t0))  # fmt: skip
+        self.progress(Progress(self.spec, self.phase, self.sc.workload.jobs, self.ledger.done, len(wf.records),
+                               wf.total, len(self.sup.alive()), now - self.t0))  # fmt: skip
 
     def _collect_exits(self) -> None:
         for w in self.sup.reap():
             if w.signalled is not None:
                 continue
             self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
-            if len(self.exits) > 2 * self.sc.workers:
+            if len(self.exits) > 2 * self.sc.workload.workers:
                 if not self.down:
                     self.client.ping()  # workers that died of a lost server: that is the error (exit 3)
                 raise RunAborted(
@@ -345,9 +347,11 @@ class CrashRun:
         self.worker_faults.t0 = self.t0
         through = None
         if (url := self.net.producer_url) is not None:  # a fault on the producer: its enqueues through the proxy
-            through = Through.to(url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.socket_timeout)
+            through = Through.to(
+                url, self.design_cls, self.prefix, self.sc.settings(self.spec), self.sc.queue.socket_timeout
+            )
         producer = self.producer = (
-            Producer(ids, self.jobs_for, self.sc.produce_s, self.t0, through) if self.producing else None
+            Producer(ids, self.jobs_for, self.sc.broker.produce_s, self.t0, through) if self.producing else None
         )
         built = [(f, d) for f in registry.FAMILIES if (d := f.driver(self)) is not None]
         self.drivers = {f.name: d for f, d in built}

@@ -25,6 +25,7 @@ from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.model.results import Result, new_id, now_iso, summarize
+from crashbench.model.sections import FIELDS
 from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import Threshold, check_all, check_targets, count_evaluated
 from crashbench.redact import redact_text, scrub_exception
@@ -49,7 +50,7 @@ class Options:
     warn: Callable[[str], None] | None = None  # a library setting that would re-run or cancel healthy jobs
     stop: StopFlag | None = None
     worker_python: str | None = None  # run workers under this interpreter (crashbench.control.interpreter)
-    repeat: int = 1  # run the plan this many times, with seeds scenario.seed + 0, 1, ...
+    repeat: int = 1  # run the plan this many times, with seeds scenario.faults.seed + 0, 1, ...
     thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
     baseline: Result | None = None  # what relative thresholds compare with
     cluster: tuple[int, int] | None = None  # an embedded cluster: (primaries, replicas per primary)
@@ -65,7 +66,7 @@ def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
     if param not in SWEEPABLE:
         raise UsageError(f"cannot sweep {param!r}", hint=f"sweepable settings: {', '.join(SWEEPABLE)}")
     # The field's declared type, not the value's: a TOML file may write a float setting as `0`.
-    kind = int if Scenario.__dataclass_fields__[param].type == "int" else float
+    kind = int if FIELDS[param].type == "int" else float
     out = []
     for raw in (v.strip() for v in values.split(",")):
         try:
@@ -80,7 +81,7 @@ def sweep_values(scenario: Scenario, param: str, values: str) -> list[Scenario]:
 
 def run_sweep(scenario: Scenario, design: str, param: str, values: str, options: Options = Options()) -> Result:
     """One design, once per value of one setting; every other setting (and the seed) unchanged."""
-    runs = [(sc, design, f"{param}={getattr(sc, param):g}") for sc in sweep_values(scenario, param, values)]
+    runs = [(sc, design, f"{param}={sc.value(param):g}") for sc in sweep_values(scenario, param, values)]
     return _run(scenario, runs, options, "sweep")
 
 
@@ -91,7 +92,7 @@ def replay_scenario(result: Result, index: int) -> Scenario:
     overrides: dict[str, object] = {"seed": run.seed}
     if run.variant:
         name, _, raw = run.variant.partition("=")
-        overrides[name] = getattr(sweep_values(scenario, name, raw)[0], name)
+        overrides[name] = sweep_values(scenario, name, raw)[0].value(name)
     return with_overrides(scenario, **overrides)
 
 
@@ -99,15 +100,16 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
     """Usage errors before any server starts; returns the libraries the workers must import."""
     libraries = []
     for scenario, spec, _ in plan:
-        if options.redis_url and scenario.persistence != "none":
+        broker = scenario.broker
+        if options.redis_url and broker.persistence != "none":
             raise UsageError(
-                f"persistence {scenario.persistence} configures the server: "
+                f"persistence {broker.persistence} configures the server: "
                 "crashbench does that only to a server it started",
                 hint=NO_URL,
             )
-        if options.redis_url and scenario.fault != "none":
+        if options.redis_url and broker.fault != "none":
             raise UsageError(
-                f"a broker fault ({scenario.fault}) kills the server: crashbench does that only to a server it started",
+                f"a broker fault ({broker.fault}) kills the server: crashbench does that only to a server it started",
                 hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
         cls = load_design(spec)
@@ -131,18 +133,19 @@ def _check_cluster_faults(plan: Plan, cluster: tuple[int, int] | None) -> None:
     """A cluster fault needs crashbench's own cluster, with a replica to promote; a kill, a majority
     of primaries to see the primary fail and vote for its replica."""
     for scenario, _, _ in plan:
-        if scenario.fault not in CLUSTER_FAULTS:
+        fault = scenario.broker.fault
+        if fault not in CLUSTER_FAULTS:
             continue
         if cluster is None:
             raise UsageError(
-                f"a cluster fault ({scenario.fault}) acts on a cluster crashbench started, not on one server",
+                f"a cluster fault ({fault}) acts on a cluster crashbench started, not on one server",
                 hint="give --cluster 3 (it starts one, with a replica per primary); leave out --redis-url",
             )
         if cluster[1] < 1:
-            raise UsageError(f"a cluster fault ({scenario.fault}) promotes a replica: --cluster-replicas 0 has none")
-        if scenario.fault in ("cluster-kill", "cluster-partition") and cluster[0] < 3:
+            raise UsageError(f"a cluster fault ({fault}) promotes a replica: --cluster-replicas 0 has none")
+        if fault in ("cluster-kill", "cluster-partition") and cluster[0] < 3:
             raise UsageError(
-                f"{scenario.fault} on {cluster[0]} primaries: a cluster promotes a replica only when a majority of "
+                f"{fault} on {cluster[0]} primaries: a cluster promotes a replica only when a majority of "
                 "the other primaries sees its primary fail",
                 hint="give --cluster 3 or more",
             )
@@ -152,20 +155,21 @@ def _check_cluster(plan: Plan) -> None:
     """What a cluster cannot be used for yet: the server-level faults act on one server (its process,
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
-        if scenario.fault in ("kill", "failover"):
-            raise UsageError(f"a broker fault ({scenario.fault}) acts on one server: not on a cluster yet")
-        if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.schedule):
+        broker = scenario.broker
+        if broker.fault in ("kill", "failover"):
+            raise UsageError(f"a broker fault ({broker.fault}) acts on one server: not on a cluster yet")
+        if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule):
             raise UsageError(
                 "network faults stand in front of one server's address, and a cluster client talks to every node: "
                 "not on a cluster yet"
             )
-        if scenario.persistence != "none":
-            raise UsageError(f"persistence {scenario.persistence}: the cluster's nodes run without persistence")
+        if broker.persistence != "none":
+            raise UsageError(f"persistence {broker.persistence}: the cluster's nodes run without persistence")
 
 
 def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence[Threshold]) -> None:
     # Without run.designs the scenario is meant for what compare runs by default, the built-ins.
-    check_targets(run_names, scenario.designs or BUILTIN_ORDER, scenario.expect, given)
+    check_targets(run_names, scenario.run.designs or BUILTIN_ORDER, scenario.expect, given)
 
 
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
@@ -205,8 +209,8 @@ def _run_on_server(
 ) -> Result:
     run_id = secrets.token_hex(4)
     # A cut needs the cluster's bus behind the proxy from the start (crashbench.control.cluster).
-    partitionable = any(scenario.fault == "cluster-partition" for scenario, _, _ in plan)
-    server_args = (options.redis_url, options.server_binary, base.persistence, options.cluster, partitionable)
+    partitionable = any(scenario.broker.fault == "cluster-partition" for scenario, _, _ in plan)
+    server_args = (options.redis_url, options.server_binary, base.broker.persistence, options.cluster, partitionable)
     with open_server(*server_args) as (server, embedded_cluster):
         if server.cluster:  # an external one is known for one only now
             _check_cluster(plan)
@@ -217,18 +221,17 @@ def _run_on_server(
             for repeat in range(options.repeat):
                 for index, (scenario, spec, variant) in enumerate(plan):
                     with contextlib.ExitStack() as own:
-                        url, broker = server.url, None
-                        if embedded_cluster is not None and scenario.fault in CLUSTER_FAULTS:
+                        url, broker, fault = server.url, None, scenario.broker.fault
+                        if embedded_cluster is not None and fault in CLUSTER_FAULTS:
                             # The session's cluster, its run's shard faulted and healed again after
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
-                        elif scenario.fault != "none":  # a fresh server per run, which the run may kill
-                            broker = own.enter_context(
-                                broker_servers(scenario.fault, scenario.persistence, options.server_binary)
-                            )
+                        elif fault != "none":  # a fresh server per run, which the run may kill
+                            persistence = scenario.broker.persistence
+                            broker = own.enter_context(broker_servers(fault, persistence, options.server_binary))
                             url = broker.url
                         crash = CrashRun(
-                            with_overrides(scenario, seed=scenario.seed + repeat), spec, url, run_id,
+                            with_overrides(scenario, seed=scenario.faults.seed + repeat), spec, url, run_id,
                             progress=options.progress, stop=options.stop, keep_dir=options.keep,
                             index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
                             repeat=repeat, broker=broker, external=server.external and broker is None,

@@ -17,7 +17,6 @@ Validation reports every problem at once.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -75,7 +74,7 @@ def with_overrides(scenario: Scenario, **values: Any) -> Scenario:
     changes = {k: v for k, v in values.items() if v is not None}
     if "signal" in changes:
         changes["signal"] = _signal_name(changes["signal"])
-    changed = dataclasses.replace(scenario, **changes)
+    changed = scenario.replace(**changes)
     found = problems_of(changed)
     if found:
         raise ScenarioError(f"{scenario.source} with command-line options", found)
@@ -87,36 +86,38 @@ def problems_of(sc: Scenario) -> list[str]:
     an exception: the values may come straight from a TOML file or the command line."""
     p: list[str] = []
     for name, bound in NUMBERS.items():
-        v = getattr(sc, name)
+        v = sc.value(name)
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
             p.append(f"{SECTION_OF[name]}.{name} is too large: {_show(v)} (at most {MAX_INT})")
         elif not (v is None and name == "drain_timeout") and not bound.accepts(v):
             p.append(f"{SECTION_OF[name]}.{name} must be {bound.wanted()}, not {_show(v)}")
     for name, allowed in CHOICES.items():
-        v = getattr(sc, name)
+        v = sc.value(name)
         if not isinstance(v, str) or v not in allowed:
             p.append(f"{SECTION_OF[name]}.{name} must be one of {', '.join(allowed)}, not {_show(v)}")
     for name in ("name", "description"):
         if not isinstance(getattr(sc, name), str):
             p.append(f"{name} must be a string, not {_show(getattr(sc, name))}")
-    if not isinstance(sc.designs, tuple) or not all(isinstance(d, str) for d in sc.designs):
-        p.append(f"run.designs must be a list of design names, not {_show(sc.designs)}")
+    designs = sc.run.designs
+    if not isinstance(designs, tuple) or not all(isinstance(d, str) for d in designs):
+        p.append(f"run.designs must be a list of design names, not {_show(designs)}")
     p += [
         f"[library.{_key(d)}] {problem}"
         for d, table in sc.library.items()
         for problem in (*_infinite(table), *_elsewhere(table), *_out_of_range(table))
     ]
-    if NUMBERS["workers"].accepts(sc.workers):
-        p += [q for n, e in enumerate(sc.schedule, 1) for q in faults.entry_problems(e, n, sc)]
-    if NUMBERS["socket_timeout"].accepts(sc.socket_timeout) and 0 < sc.socket_timeout <= BLOCKING_POP_S:
+    if NUMBERS["workers"].accepts(sc.workload.workers):
+        p += [q for n, e in enumerate(sc.faults.schedule, 1) for q in faults.entry_problems(e, n, sc)]
+    timeout = sc.queue.socket_timeout
+    if NUMBERS["socket_timeout"].accepts(timeout) and 0 < timeout <= BLOCKING_POP_S:
         p.append(f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)")
     p += [q for family in registry.FAMILIES for q in family.combinations(sc)]
     p += _bounds(sc)
-    lag, at = sc.replica_lag, sc.fault_at
+    lag, at, fault = sc.broker.replica_lag, sc.broker.fault_at, sc.broker.fault
     if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
-        if lag and sc.fault in ("none", "kill"):
+        if lag and fault in ("none", "kill"):
             p.append("broker.replica_lag is for a failover (a replica that falls behind its primary)")
-        elif lag and sc.fault == "cluster-failover":
+        elif lag and fault == "cluster-failover":
             p.append(
                 "broker.replica_lag: a graceful cluster-failover waits for its replica to catch up, which a "
                 "cut-off replica never does; use cluster-failover-force or cluster-takeover"
@@ -130,16 +131,17 @@ def _bounds(sc: Scenario) -> list[str]:
     """Finite but absurd: a schedule longer than a day never ends in practice (Ctrl-C was the only
     way out), and more jobs than memory holds enqueue until interrupted."""
     p: list[str] = []
+    w, f, b = sc.workload, sc.faults, sc.broker
     seconds = {
-        "faults.interval": sc.interval, "faults.pause": sc.pause, "broker.fault_at": sc.fault_at,
-        "broker.downtime": sc.downtime, "broker.produce_s": sc.produce_s,
-        "queue.stale_after": sc.stale_after, "queue.recover_every": sc.recover_every,
-        "run.drain_timeout": sc.drain_timeout, "workload.job_ms / 1000": _num(sc.job_ms) / 1000,
-        "workload.job_ms_max / 1000": _num(sc.job_ms_max) / 1000,
+        "faults.interval": f.interval, "faults.pause": f.pause, "broker.fault_at": b.fault_at,
+        "broker.downtime": b.downtime, "broker.produce_s": b.produce_s,
+        "queue.stale_after": sc.queue.stale_after, "queue.recover_every": sc.queue.recover_every,
+        "run.drain_timeout": sc.run.drain_timeout, "workload.job_ms / 1000": _num(w.job_ms) / 1000,
+        "workload.job_ms_max / 1000": _num(w.job_ms_max) / 1000,
     }  # fmt: skip
-    if isinstance(sc.kills, int) and not isinstance(sc.kills, bool):
-        seconds["faults.kills x faults.interval"] = _num(sc.kills) * _num(sc.interval)
-    for n, e in enumerate(sc.schedule, 1):
+    if isinstance(f.kills, int) and not isinstance(f.kills, bool):
+        seconds["faults.kills x faults.interval"] = _num(f.kills) * _num(f.interval)
+    for n, e in enumerate(f.schedule, 1):
         if isinstance(e, dict):
             for k in ("at", "for", "duration", "pause"):
                 if k in e:
@@ -147,8 +149,8 @@ def _bounds(sc: Scenario) -> list[str]:
     for what, v in seconds.items():
         if _num(v) > MAX_SCHEDULE_S:
             p.append(f"{what} is {_show(v)} s: a run's schedule is bounded to {MAX_SCHEDULE_S} s (a day)")
-    if isinstance(sc.jobs, int) and not isinstance(sc.jobs, bool) and sc.jobs > MAX_JOBS:
-        p.append(f"workload.jobs {sc.jobs:,} is more than crashbench holds (at most {MAX_JOBS:,})")
+    if isinstance(w.jobs, int) and not isinstance(w.jobs, bool) and w.jobs > MAX_JOBS:
+        p.append(f"workload.jobs {w.jobs:,} is more than crashbench holds (at most {MAX_JOBS:,})")
     for name, most in (("name", MAX_NAME), ("description", MAX_DESCRIPTION)):
         v = getattr(sc, name)
         if isinstance(v, str) and len(v) > most:
@@ -283,7 +285,7 @@ def parse(data: dict[str, Any], source: str) -> Scenario:
             found.append("run.designs must be a list of design names")
             del values["designs"]
     try:
-        scenario = Scenario(**values)
+        scenario = Scenario.of(**values)
     except TypeError as exc:  # cannot happen with the checks above; kept as a clear message if it does
         raise ScenarioError(source, [*found, str(exc)]) from None
     found += problems_of(scenario)

@@ -1,0 +1,106 @@
+"""The scenario's sections, one record each, as a scenario file has them: `[workload]` (what the jobs
+are), `[faults]` (the worker signals), `[queue]` (the design's settings), `[broker]` (the server's own
+fault) and `[run]` (designs and the observation window). Each field is a key of its section, named as
+the file names it, with its default (the lesson's crash test). crashbench.model.spec.Scenario holds one
+of each; a result stores them flat, one name per key (`FIELD_SECTION` says which section a name is in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    jobs: int = 2000
+    job_ms: float = 10.0
+    workers: int = 4
+    job_dist: str = "fixed"
+    job_ms_max: float = 0.0  # cap of the longtail distribution; 0 means 100 x job_ms
+    poison_rate: float = 0.0  # share of jobs whose handler always raises
+    transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
+    transient_failures: int = 1
+    produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
+
+    @property
+    def longest_job_s(self) -> float:
+        """The longest a handler of this workload can run: the bound the library timeouts are sized by."""
+        if self.job_dist == "longtail":
+            return (self.job_ms_max or 100 * self.job_ms) / 1000
+        return self.job_ms * (1.5 if self.job_dist == "uniform" else 1.0) / 1000
+
+
+@dataclass(frozen=True)
+class FaultsSpec:
+    kills: int = 5
+    interval: float = 0.5
+    signal: str = "SIGKILL"
+    kill_when: str = "mid-job"
+    seed: int = 1
+    pause: float = 1.0  # seconds a SIGSTOPped worker stays paused before SIGCONT
+    kill_target: str = "tree"
+    schedule: tuple[dict[str, Any], ...] = ()  # [[faults]] signal entries (crashbench.faults), besides the above
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.signal])
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    stale_after: float = 1.0
+    recover_every: float = 0.25
+    max_attempts: int = 3
+    retry_base: float = 0.1
+    retry_factor: float = 4.0
+    retry_jitter: float = 0.25
+    heartbeat_every: float = 0.0  # 0: heartbeats between jobs only
+    batch_size: int = 10  # jobs per round trip, for the batching designs
+    shards: int = 0  # queues the sharded design spreads its jobs over; 0 = one per primary (1 on one server)
+    concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
+    stream_maxlen: int = 0  # the stream designs' XADD MAXLEN; 0 = never trim
+    stream_trim: str = "exact"  # or "approximate": MAXLEN ~
+    socket_timeout: float = 5.0  # crashbench's own workers' socket and connect timeout; 0: none
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    """Faults of the server itself (crashbench.faults.broker); only on a server crashbench started."""
+
+    fault: str = "none"
+    fault_at: float = 1.0  # seconds after the workers start
+    downtime: float = 0.5  # seconds the server stays down before it is restarted (kill)
+    persistence: str = "none"  # of the embedded server: none, rdb (a snapshot every second), aof-everysec, aof-always
+    produce_s: float = 3.0  # a broker fault, a producer network fault or produce = "during": enqueue over this long
+    wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
+    wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
+    replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    # Observation window after the last fault, seconds; None: the design's own default
+    # (Design.observe_window: a library's documented redelivery time, 30 s for the built-in designs).
+    drain_timeout: float | None = None
+    designs: tuple[str, ...] = ()
+
+
+# Each section's record, in the file's order (the order a result stores their fields in).
+SECTION_RECORDS: dict[str, type] = {
+    "workload": WorkloadSpec, "faults": FaultsSpec, "queue": QueueSpec, "broker": BrokerSpec, "run": RunSpec,
+}  # fmt: skip
+# Every section field by its flat name (as a result stores it, and the command line names it), and its section.
+FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for record in SECTION_RECORDS.values() for f in dataclasses.fields(record)
+}
+FIELD_SECTION: dict[str, str] = {
+    f.name: section for section, record in SECTION_RECORDS.items() for f in dataclasses.fields(record)
+}
+
+
+def flat(record: Any) -> dict[str, Any]:
+    """A section's fields by name, its values as they are (not copied)."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
