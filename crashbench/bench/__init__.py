@@ -75,7 +75,8 @@ class _Session:
     ) -> None:
         prefix = f"crashbench:{tag}:{safe_name(spec)}:"
         dsettings = DesignSettings(batch_size=settings.batch_size, shards=settings.shards)
-        # Each slot's own server URL when given (through the network fault proxy: `bench --proxy`).
+        # Each slot's own server URL when given (through the network fault proxy: `bench --proxy`). No
+        # `tree`: bench signals a library's worker alone, as it always has.
         own = Workers(url=lambda slot: urls[slot], tree=False) if urls else Workers(tree=False)
         workload = Workload(job_ms=settings.job_ms)
         # One supervisor for every phase, so worker names (and ledger files) never repeat.
