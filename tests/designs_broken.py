@@ -74,3 +74,12 @@ class SlowAckQueue(ReliableQueue):
     def ack(self, worker: str, job: Job, now: float) -> None:
         time.sleep(0.02)
         super().ack(worker, job, now)
+
+
+class SetupRaises(NaiveQueue):
+    """A design whose setup fails: whatever was started for it must be released."""
+
+    name = "setup-raises"
+
+    def setup(self) -> None:
+        raise RuntimeError("setup failed on purpose")

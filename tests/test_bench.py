@@ -4,14 +4,17 @@ workers). The figures themselves are benchmarks, not tests."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from crashbench.bench import BenchSettings, measure, memory, restarts
+from crashbench.control import workdirs
 from crashbench.control.server import ServerInfo
 
 
@@ -61,6 +64,17 @@ def test_restart_and_memory_figures_are_measured(server: ServerInfo) -> None:
     mem = {m.structure: m for m in memory(server, 2000, "t-mem")}
     # A stream entry carries an id and field names besides the payload: it costs more than a list item.
     assert 0 < mem["list"].bytes_per_job < mem["stream"].bytes_per_job
+
+
+def test_a_design_whose_setup_fails_leaves_no_work_directory(server: ServerInfo) -> None:
+    def ours() -> set[Path]:
+        bases = {Path(tempfile.gettempdir()), workdirs.SHM}
+        return {p for base in bases for p in base.glob(f"crashbench-bench-{os.getpid()}-*")}
+
+    before = ours()
+    with pytest.raises(RuntimeError, match="on purpose"):
+        measure(server, "designs_broken:SetupRaises", BenchSettings(jobs=10, latency_jobs=5), 1, 0, "t-setup")
+    assert ours() == before
 
 
 @pytest.mark.slow

@@ -23,11 +23,9 @@ the server's CPU and memory are one process's figures, left out there.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
-import shutil
 import signal
 import statistics
 import time
@@ -44,16 +42,15 @@ from crashbench.control import connect, workdirs
 from crashbench.control.provision import open_server
 from crashbench.control.server import ServerInfo, cleanup_keys
 from crashbench.control.stopflag import StopFlag
-from crashbench.control.supervisor import Supervisor, WorkerProcess
+from crashbench.control.supervisor import WorkerProcess
 from crashbench.designs import Design, load_design, safe_name
 from crashbench.errors import Interrupted, RunAborted, UsageError
 from crashbench.model.bench import BenchResult, BenchSettings, Latency, Measurement, Restart, summarize
-from crashbench.model.ledger import Ledger
 from crashbench.model.queue import DesignSettings, Job
 from crashbench.model.results import new_id, now_iso
 from crashbench.model.workload import Workload
 from crashbench.run.environment import environment
-from crashbench.run.worker import WorkerSpec, run_bare, run_worker
+from crashbench.run.harness import Harness, Workers
 
 WAIT_TIMEOUT = 120.0  # a measurement that does not finish in this long is a broken design
 # How often the throughput phases look whether the workers are done. The figures come from the
@@ -70,53 +67,45 @@ def _check_stop() -> None:
 
 
 class _Session:
-    """The workers and prefix of one measurement; everything is stopped and cleaned in `close`."""
+    """The workers of one measurement on the harness a crash run stands on (crashbench.run.harness),
+    under its own prefix, with bench's own needs: the bare loop, a gate, each slot's own URL."""
 
     def __init__(
         self, server: ServerInfo, spec: str, settings: BenchSettings, workers: int, tag: str, urls: Sequence[str] = ()
     ) -> None:
-        self.server = server
-        self.cls = load_design(spec)
-        self.prefix = f"crashbench:{tag}:{safe_name(spec)}:"
-        self.client = connect.connect(server.url, decode_responses=True)
-        self.nodes = connect.primaries(server.url, decode_responses=True)  # for INFO, a server-wide figure
-        self.client.ping()  # its connection's handshake now, not among the enqueue's commands
+        prefix = f"crashbench:{tag}:{safe_name(spec)}:"
         dsettings = DesignSettings(batch_size=settings.batch_size, shards=settings.shards)
-        self.design: Design = self.cls(self.client, self.prefix, dsettings)
-        self.design.setup()
-        self.wspec = WorkerSpec(server.url, self.cls, self.prefix, dsettings, Workload(job_ms=settings.job_ms))
-        # Each slot's own server URL when given (through the network fault proxy: `bench --proxy`).
-        wspecs = [dataclasses.replace(self.wspec, redis_url=url) for url in urls]
-        self.dir = workdirs.make("bench", memory=True)
-        (self.dir / "ledger").mkdir()
-        self.ledger = Ledger(self.dir / "ledger")
-        self.workers = workers
-        self.bare = False  # what the next workers run: crashbench's worker loop, or the bare loop
-        self.gate: tuple[int, int] | None = None  # a pipe the next workers wait on after READY
-        parent = os.getpid()
-
-        def prepare(name: str, slot: int) -> Callable[[], int]:
-            gate = self.gate[0] if self.gate else None
-            wspec = wspecs[slot] if wspecs else self.wspec
-            if self.bare:
-                out = self.dir / f"{name}.bare"
-                return lambda: run_bare(wspec, name, out, parent, gate)
-            path = self.ledger.path_for(name)
-            return lambda: run_worker(wspec, name, path, parent, gate)
-
+        # Each slot's own server URL when given (through the network fault proxy: `bench --proxy`). No
+        # `tree`: bench signals a library's worker alone, as it always has.
+        own = Workers(url=lambda slot: urls[slot], tree=False) if urls else Workers(tree=False)
+        workload = Workload(job_ms=settings.job_ms)
         # One supervisor for every phase, so worker names (and ledger files) never repeat.
-        self.sup = Supervisor(prepare, self.dir, time.monotonic)
+        self.h = Harness("bench", spec, server.url, prefix, dsettings, workload, time.monotonic, own)
+        self.cls, self.sup, self.ledger, self.dir = self.h.cls, self.h.sup, self.h.ledger, self.h.dir
+        self.nodes: list[redis.Redis] = []
+        try:
+            self.nodes = connect.primaries(server.url, decode_responses=True)  # for INFO, a server-wide figure
+            self.h.client.ping()  # its connection's handshake now, not among the enqueue's commands
+            self.design: Design = self.h.design
+            self.design.setup()
+        except BaseException:
+            self.close()
+            raise
+        self.workers = workers
+        self.gate: tuple[int, int] | None = None  # a pipe the next workers wait on after READY
 
     def start(self, bare: bool, gated: bool = False) -> list[WorkerProcess]:
-        self.bare = bare
+        """The next workers: crashbench's worker loop, or the bare loop; with `gated`, held after READY."""
+        self.h.bare = bare
         self.gate = os.pipe() if gated else None
+        self.h.gate = self.gate[0] if self.gate else None
         return [self.sup.spawn(slot) for slot in range(self.workers)]
 
     def open_gate(self, started: list[WorkerProcess]) -> float:
         """Once every worker is READY, let them all start at once; the throughput clock starts here, so
         forking eight workers one after the other is not in the figure."""
         assert self.gate is not None
-        if self.bare:
+        if self.h.bare:
             _wait(lambda: all((self.dir / f"{w.name}.ready").exists() for w in started), lambda: None, every=0.001)
         else:
             _wait(lambda: all(self.ledger.ready_at(w.name) is not None for w in started), self.ledger.poll, every=0.001)
@@ -125,7 +114,7 @@ class _Session:
         os.write(write, b"x" * len(started))
         os.close(write)
         os.close(read)
-        self.gate = None
+        self.gate = self.h.gate = None
         return opened
 
     def run_queued(self, n: int, sample: Callable[[], None] = lambda: None) -> float:
@@ -147,16 +136,15 @@ class _Session:
 
     def stop(self) -> None:
         # Interrupted, nothing of a measurement is kept: a worker blocked in a 1 s pop is not waited for.
-        self.sup.stop_all(grace=0.2 if _stop.raised else 2.0)
+        self.h.stop(grace=0.2 if _stop.raised else 2.0)
 
     def close(self) -> None:
         self.stop()
-        self.ledger.close()
-        with contextlib.suppress(redis.RedisError):
-            cleanup_keys(self.server.url, self.prefix)
-        for client in [self.client, *self.nodes]:
-            client.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.h.close(clean_keys=True)
+        finally:
+            for client in self.nodes:
+                client.close()
 
 
 def _wait(

@@ -18,7 +18,7 @@ CrashRun = Any
 def final_reading(run: CrashRun) -> reading.Reading:
     """The design's reading of its keys, corrected by the harness's search of everything in scope for
     the run's token (crashbench.run.reading), and the problems where the two disagree."""
-    url = run.broker.url if run.broker is not None else run.url
+    url = run.broker.url if run.broker is not None else run.target.url
     read = reading.final(run.design, run.raw, run.needle, run.scope, url, run.ledger.has_completed)
     run.inspect_s += read.spent_s
     return read
@@ -46,7 +46,7 @@ def timeline(
     cls = run.design_cls
     flags = DesignFlags(cls.drops_failed, cls.own_worker, cls.exactly_once, cls.counts_requeues)
     return Timeline(
-        index=run.index, spec=run.spec, variant=run.variant, prefix=run.prefix, repeat=run.repeat,
+        index=run.target.index, spec=run.spec, variant=run.target.variant, prefix=run.prefix, repeat=run.target.repeat,
         scenario=run.sc.to_dict(), design=flags,
         t0=t0, started=run.started, window=run.window, produced=run.producer is not None,
         configuration=run.configuration, warnings=run.warnings, enqueues=enqueues,

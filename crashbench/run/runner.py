@@ -11,22 +11,19 @@ whatever happened.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
-import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
 
 from crashbench import jobids
-from crashbench.control import connect, lease, workdirs
+from crashbench.control import connect, lease
 from crashbench.control.connect import DOWN
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.stopflag import StopFlag
-from crashbench.control.supervisor import Supervisor
 from crashbench.designs import Design, library_settings, load_design, safe_name
 from crashbench.errors import CrashbenchError, Interrupted, RunAborted, UnexpectedError, unsupported_on_cluster
 from crashbench.evidence import depth, keyspace, tally
@@ -37,20 +34,43 @@ from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
-from crashbench.model.ledger import Ledger
 from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.model.results import DesignRun, WorkerExit
 from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids, jobs_for
 from crashbench.run import collect, reading
 from crashbench.run.drain import WATCH_S, drain, watch
+from crashbench.run.harness import Harness, Workers
 from crashbench.run.network import RunNetwork
 from crashbench.run.producer import Producer, Through
 from crashbench.run.progress import Progress
-from crashbench.run.worker import WorkerSpec, run_worker
 
 Clock = Callable[[], float]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RunTarget:
+    """What identifies one crash run: its design, its server, and its place in the session."""
+
+    design: str  # the design's spec, as load_design takes it
+    url: str  # the run's server (a broker fault's own, when the run has one)
+    run_id: str  # the session's: the hash tag every key of the session carries
+    index: int = 0  # the run's place in the session (its key prefix's too)
+    variant: str = ""  # a sweep's value ("stale_after=2"), else ""
+    repeat: int = 0
+    external: bool = False  # a server crashbench did not start: the run's keys get a lease
+
+
+@dataclass(frozen=True, slots=True)
+class RunHooks:
+    """What the session watches and steers a run with."""
+
+    progress: Callable[[Progress], None] | None = None
+    stop: StopFlag | None = None  # raised by SIGINT / SIGTERM; the run's own when None
+    warn: Callable[[str], None] | None = None  # told, before the run starts, what in its settings is unsafe
+    clock: Clock = time.monotonic
+    keep_dir: bool = False  # keep the run's directory (ledgers, worker logs) whatever happens
 
 
 class CrashRun:
@@ -60,98 +80,83 @@ class CrashRun:
     def __init__(
         self,
         scenario: Scenario,
-        design_spec: str,
-        redis_url: str,
-        run_id: str,
-        progress: Callable[[Progress], None] | None = None,
-        stop: StopFlag | None = None,
-        keep_dir: bool = False,
-        clock: Clock = time.monotonic,
-        index: int = 0,
-        variant: str = "",
+        target: RunTarget,
+        hooks: RunHooks = RunHooks(),
         worker_python: WorkerPython | None = None,
-        repeat: int = 0,
         broker: Broker | ClusterBroker | None = None,
-        external: bool = False,  # a server crashbench did not start: the run's keys get a lease
-        warn: Callable[[str], None] | None = None,  # told, before the run starts, what in its settings is unsafe
     ) -> None:
-        self.sc = scenario
-        self.spec = design_spec
-        self.design_cls: type[Design] = load_design(design_spec)
+        self.sc, self.target, self.spec, self.broker = scenario, target, target.design, broker
+        self.progress, self.warn, self.clock, self.keep_dir = hooks.progress, hooks.warn, hooks.clock, hooks.keep_dir
+        self.stop = hooks.stop or StopFlag()
+        self._mark_jobs()
+        self.design_cls: type[Design] = load_design(self.spec)
         # The run id in braces is a hash tag: on a Redis Cluster, all of a session's keys share its slot.
-        self.prefix = f"crashbench:{{{run_id}}}:{index}-{safe_name(design_spec)}:"
-        # Every id this run enqueues carries its token, which the final reading searches every stored byte
-        # for (crashbench.evidence.search); this process strips it again on the way in.
+        self.prefix = f"crashbench:{{{target.run_id}}}:{target.index}-{safe_name(self.spec)}:"
+        self.on_cluster = connect.is_cluster(target.url)
+        url = self._design_url()
+        self.harness = self._harness(url, worker_python)
+        self.ledger, self.sup, self.dir = self.harness.ledger, self.harness.sup, self.harness.dir
+        self._inspect(url)
+        self.window = scenario.run.drain_timeout or self.design.observe_window()
+        self.configuration, self.warnings = library_settings(self.design)
+        self._plan()
+        self._empty_records()
+
+    # -- setup, step by step ---------------------------------------------------------------------
+
+    def _mark_jobs(self) -> None:
+        """Every id this run enqueues carries its token, which the final reading searches every stored
+        byte for (crashbench.evidence.search); this process strips it again on the way in."""
         self.token = jobids.token()
         jobids.register(self.token)
         self.jobs_for = functools.partial(jobs_for, token=self.token)
         self.needle = Needle(self.token)
-        self.variant = variant
-        self.index = index
-        self.repeat = repeat
-        self.url = redis_url
-        self.progress = progress
-        self.stop = stop or StopFlag()
-        self.keep_dir = keep_dir
-        self.clock = clock
-        self.dir = workdirs.make("run", memory=True)
-        (self.dir / "logs").mkdir()
-        (self.dir / "ledger").mkdir()
-        self.on_cluster = connect.is_cluster(redis_url)
-        # A library without a cluster client of its own gets one node, as its users give it: its error is its answer.
+
+    def _design_url(self) -> str:
+        """The URL the design and its workers connect to. A library without a cluster client of its own
+        gets one node, as its users give it: its error is its answer."""
         if self.on_cluster and self.design_cls.library and not getattr(self.design_cls, "cluster_client", False):
-            redis_url = connect.library_url(redis_url, self.prefix)
-        self.client = connect.connect(redis_url, decode_responses=True)
-        # The inspector's own connection (never the design's), to the primary that holds the run's slot.
-        self.raw = connect.reader(redis_url, self.prefix, self.design_cls.spread, decode_responses=False)
-        ns, spread = lease.namespace(self.prefix), self.design_cls.spread
-        self.lease = lease.Lease(redis_url, ns, expire=not keep_dir, spread=spread) if external else None
-        # Everything the run could write: the whole server when crashbench started it (crashbench.evidence.keyspace).
-        self.scope = keyspace.Scope(self.url, started=not external)
-        self.design = self.design_cls(self.client, self.prefix, scenario.settings(design_spec))
-        self.window = scenario.run.drain_timeout or self.design.observe_window()
-        self.configuration, self.warnings = library_settings(self.design)
-        self.warn = warn
-        self.ledger = Ledger(self.dir / "ledger")
-        self.broker = broker
-        url_file = str(broker.url_file) if broker else None
-        settings = scenario.settings(design_spec)
-        wspec = WorkerSpec(
-            redis_url, self.design_cls, self.prefix, settings, scenario.workload_model(), url_file=url_file
-        )
-        self.planned = plan(scenario)
+            return connect.library_url(self.target.url, self.prefix)
+        return self.target.url
+
+    def _harness(self, url: str, worker_python: WorkerPython | None) -> Harness:
+        """The design, its workers' spec, the work directory, the ledger and the supervisor
+        (crashbench.run.harness). A worker connects through the proxy, or from its slot's namespace,
+        when the run has network faults (self.net, started before the first worker)."""
+        workers = Workers(
+            url=lambda slot: self.net.worker_url(url, slot), enter=lambda slot: self.net.enter(slot),
+            python=worker_python, url_file=str(self.broker.url_file) if self.broker else None,
+        )  # fmt: skip
+        settings, workload = self.sc.settings(self.spec), self.sc.workload_model()
+        return Harness("run", self.spec, url, self.prefix, settings, workload, self.clock, workers)
+
+    def _inspect(self, url: str) -> None:
+        """The harness's own connection (never the design's), to the primary that holds the run's slot;
+        the keys' lease on a server crashbench did not start; everything the run could write: the whole
+        server when crashbench started it (crashbench.evidence.keyspace)."""
+        spread, external = self.design_cls.spread, self.target.external
+        self.raw = connect.reader(url, self.prefix, spread, decode_responses=False)
+        ns = lease.namespace(self.prefix)
+        self.lease = lease.Lease(url, ns, expire=not self.keep_dir, spread=spread) if external else None
+        self.scope = keyspace.Scope(self.target.url, started=not external)
+
+    def _plan(self) -> None:
+        """The faults, their drivers (once the fault phase begins) and whether a producer runs."""
+        self.planned = plan(self.sc)
         # Each fault family's driver in this run (crashbench.faults.registry), by family name, once the
-        # fault phase begins; the signal family's is `worker_faults`, built below with the supervisor.
+        # fault phase begins; the signal family's is `worker_faults`, built here with the supervisor.
         self.drivers: dict[str, Driver] = {}
         self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
-        self.external = external
         # The producer enqueues during the run when asked, or when a broker fault or a fault on it may meet it.
         on_producer = any(f.target == "producer" for f in self.planned)
-        self.producing = broker is not None or scenario.workload.produce == "during" or on_producer
+        self.producing = self.broker is not None or self.sc.workload.produce == "during" or on_producer
         self.producer: Producer | None = None
-        parent = os.getpid()
-        self.worker_python = worker_python
-        spec_file = self.dir / "worker.json"
-        spec_file.write_text(wspec.to_json(design_spec))
-
-        def prepare(name: str, slot: int) -> Callable[[], int]:  # where the worker is forked: it registers nothing
-            path = self.ledger.path_of(name)
-            # Through the proxy, or from the slot's namespace, when the run has network faults.
-            url, enter = self.net.worker_url(redis_url, slot), self.net.enter
-
-            def worker() -> int:  # in the forked child
-                enter(slot)
-                if (wp := self.worker_python) is not None:
-                    os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent)), wp.env(url))
-                return run_worker(dataclasses.replace(wspec, redis_url=url) if url else wspec, name, path, parent)
-
-            return worker
-
-        register = lambda name, _slot: self.ledger.path_for(name)  # noqa: E731 - in the runner, before each fork
-        self.sup = Supervisor(prepare, self.dir / "logs", clock, tree=self.design_cls.own_worker, register=register)
         self.worker_faults = WorkerFaults(
-            self.planned, self.sup, self.ledger, clock, self.design_cls.own_worker, scenario.workload.longest_job_s
+            self.planned, self.sup, self.ledger, self.clock, self.design_cls.own_worker, self.sc.workload.longest_job_s
         )
+
+    def _empty_records(self) -> None:
+        """What the run records as it goes, none of it yet."""
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
         self.t0 = 0.0
@@ -162,6 +167,11 @@ class CrashRun:
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
         self.sampler = depth.Sampler()  # the harness's readings of the queue's depth (the timeline)
         self.started = 0.0  # wall clock at t0
+
+    @property
+    def design(self) -> Design:
+        """The harness's instance of the design (a new one after a failover: `reconnect`)."""
+        return self.harness.design
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -182,21 +192,16 @@ class CrashRun:
             self.keep_dir = True
             raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
-            self.sup.stop_all(grace=self._grace())
+            self.harness.stop(grace=self._grace())
             if self.producer is not None and self.producer.through is not None:
                 self.producer.through.close()
-            self.ledger.close()
-            self.client.close()
             self.raw.close()
             if self.lease is not None:
                 self.lease.close()
             try:
                 self.net.close()
             finally:  # the workdir goes (or stays, marked) even if the network's close failed
-                if not self.keep_dir:
-                    shutil.rmtree(self.dir, ignore_errors=True)
-                else:  # marked, so that the next run's orphan sweep leaves it alone
-                    workdirs.keep(self.dir)
+                self.harness.close(keep=self.keep_dir)
 
     def _grace(self) -> float:
         # SIGTERM is a graceful stop: a worker first finishes the job it is in.
@@ -205,7 +210,8 @@ class CrashRun:
     def _execute(self) -> DesignRun:
         for text in self.warnings if self.warn is not None else ():
             self.warn(text)
-        self.net = RunNetwork.start(self.planned, self.url, self.sc, self.broker, self.external, self.dir / "logs")
+        target = self.target
+        self.net = RunNetwork.start(self.planned, target.url, self.sc, self.broker, target.external, self.dir / "logs")
         # Before the job list exists: workers are forked from a process that never holds it, so a
         # restart costs the same at any job count (crashbench.control.zygote).
         self.sup.start_zygote()
@@ -258,7 +264,7 @@ class CrashRun:
         self.phase = "counting"
         self._report(force=True)
         before = collect.final_reading(self).located  # before anything is stopped: the queue as the run left it
-        self.sup.stop_all(grace=self._grace())
+        self.harness.stop(grace=self._grace())
         self._collect_exits()
         self.ledger.finish()  # every writer is gone: the last read, and a torn last record is reported
         # Every worker is stopped now, so every heartbeat is stale: advance the clock past the threshold.
@@ -303,7 +309,7 @@ class CrashRun:
             self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
             if len(self.exits) > 2 * self.sc.workload.workers:
                 if not self.down:
-                    self.client.ping()  # workers that died of a lost server: that is the error (exit 3)
+                    self.harness.client.ping()  # workers that died of a lost server: that is the error (exit 3)
                 raise RunAborted(
                     f"{self.spec}: {len(self.exits)} workers exited on their own; the last one "
                     f"({w.name}, {w.describe_exit()}) logged:\n{w.log_tail()}"
@@ -375,12 +381,10 @@ class CrashRun:
 
     def reconnect(self) -> None:
         """After a failover: the runner's own client and design, on the promoted replica."""
-        self.client.close()
         self.raw.close()
-        url = self.broker.url if self.broker else self.url
-        self.client = connect.connect(url, decode_responses=True)
+        url = self.broker.url if self.broker else self.target.url
+        self.harness.reconnect(url)
         self.raw = connect.reader(url, self.prefix, self.design_cls.spread, decode_responses=False)
-        self.design = self.design_cls(self.client, self.prefix, self.sc.settings(self.spec))
 
     def _wait_ready(self) -> None:
         deadline = self.clock() + self.STARTUP_TIMEOUT

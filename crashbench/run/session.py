@@ -31,7 +31,7 @@ from crashbench.model.thresholds import Threshold, check_all, check_targets, cou
 from crashbench.redact import redact_text, scrub_exception
 from crashbench.run.environment import environment
 from crashbench.run.progress import Progress
-from crashbench.run.runner import CrashRun, StopFlag
+from crashbench.run.runner import CrashRun, RunHooks, RunTarget, StopFlag
 from crashbench.scenario import SWEEPABLE, with_overrides
 
 BUILTIN_ORDER = ("naive", "reliable", "stream")
@@ -217,6 +217,7 @@ def _run_on_server(
         if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
             worker_python.redis_url = server.url
         runs = []
+        hooks = RunHooks(options.progress, options.stop, options.warn, keep_dir=options.keep)
         try:
             for repeat in range(options.repeat):
                 for index, (scenario, spec, variant) in enumerate(plan):
@@ -230,14 +231,12 @@ def _run_on_server(
                             persistence = scenario.broker.persistence
                             broker = own.enter_context(broker_servers(fault, persistence, options.server_binary))
                             url = broker.url
-                        crash = CrashRun(
-                            with_overrides(scenario, seed=scenario.faults.seed + repeat), spec, url, run_id,
-                            progress=options.progress, stop=options.stop, keep_dir=options.keep,
-                            index=repeat * len(plan) + index, variant=variant, worker_python=worker_python,
-                            repeat=repeat, broker=broker, external=server.external and broker is None,
-                            warn=options.warn,
+                        target = RunTarget(
+                            spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
+                            external=server.external and broker is None,
                         )  # fmt: skip
-                        runs.append(crash.execute())
+                        sc = with_overrides(scenario, seed=scenario.faults.seed + repeat)
+                        runs.append(CrashRun(sc, target, hooks, worker_python, broker).execute())
         except redis.ConnectionError as exc:
             why = redact_text(str(exc), server.url)
             raise ServerUnavailable(f"lost the server at {server.shown_url}: {why}") from None

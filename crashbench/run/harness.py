@@ -1,0 +1,134 @@
+"""The workers' harness of one design under one key prefix, which a crash run (crashbench.run.runner)
+and `crashbench bench` (crashbench.bench) both stand on: the design (the harness's own instance, on
+its own client), the spec every worker gets (crashbench.run.worker.WorkerSpec), a work directory with
+the ledger (crashbench.model.ledger) and the workers' logs, and the supervisor that forks the workers
+(crashbench.control.supervisor). `stop` stops every worker; `close` releases the rest and removes the
+directory, or marks it kept.
+
+Layout of the directory: ledger/ (one file per worker), logs/ (one per worker, and the zygote's),
+worker.json (the spec, for workers under --worker-python) and, for bench's bare loop, NAME.bare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from crashbench.control import connect, workdirs
+from crashbench.control.interpreter import WorkerPython
+from crashbench.control.server import cleanup_keys
+from crashbench.control.supervisor import Supervisor
+from crashbench.designs import Design, load_design
+from crashbench.model.ledger import Ledger
+from crashbench.model.queue import DesignSettings
+from crashbench.model.workload import Workload
+from crashbench.run.worker import WorkerSpec, run_bare, run_worker
+
+
+def _no_url(slot: int) -> str | None:
+    return None
+
+
+def _stay(slot: int) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """How the harness starts its workers, beyond the design, its settings and the workload."""
+
+    url: Callable[[int], str | None] = _no_url  # a slot's own URL (through a proxy, from a namespace), or None
+    enter: Callable[[int], None] = _stay  # in the forked worker, before it connects (a slot's namespace)
+    python: WorkerPython | None = None  # exec this interpreter instead of running the loop (--worker-python)
+    url_file: str | None = None  # with a broker fault: where the current server's URL is (failover)
+    tree: bool = True  # a library's worker: signals reach the processes below it (Supervisor's `tree`)
+
+
+class Harness:
+    """One design's workers, their ledger and their directory. `bare` and `gate` say what the next
+    workers forked from this process run (bench's bare loop; a pipe they wait on after READY); a worker
+    from the zygote (`sup.start_zygote`) takes them as they were when the zygote started."""
+
+    def __init__(
+        self,
+        kind: str,  # the work directory's kind (crashbench.control.workdirs): "run", "bench"
+        spec: str,  # the design's spec, as load_design takes it
+        url: str,
+        prefix: str,
+        settings: DesignSettings,
+        workload: Workload,
+        clock: Callable[[], float] = time.monotonic,
+        workers: Workers = Workers(),
+    ) -> None:
+        self.cls: type[Design] = load_design(spec)
+        self.url, self.prefix, self.settings = url, prefix, settings
+        self.client = connect.connect(url, decode_responses=True)
+        self.design: Design = self.cls(self.client, prefix, settings)
+        self.wspec = WorkerSpec(url, self.cls, prefix, settings, workload, url_file=workers.url_file)
+        self.workers = workers
+        self.bare = False
+        self.gate: int | None = None
+        self.dir = workdirs.make(kind, memory=True)
+        (self.dir / "logs").mkdir()
+        (self.dir / "ledger").mkdir()
+        self.ledger = Ledger(self.dir / "ledger")
+        self.spec_file = self.dir / "worker.json"
+        self.spec_file.write_text(self.wspec.to_json(spec))
+        self.parent = os.getpid()
+        tree = workers.tree and self.cls.own_worker
+        self.sup = Supervisor(self._prepare, self.dir / "logs", clock, tree=tree, register=self._register)
+
+    def _register(self, name: str, slot: int) -> None:
+        """In this process, before each fork: the new worker's ledger file is read from now on."""
+        if not self.bare:
+            self.ledger.path_for(name)
+
+    def _prepare(self, name: str, slot: int) -> Callable[[], int]:
+        """The worker's body, made where the worker is forked: it registers nothing (see Supervisor)."""
+        url, parent, gate, workers = self.workers.url(slot), self.parent, self.gate, self.workers
+        wspec = dataclasses.replace(self.wspec, redis_url=url) if url else self.wspec
+        if self.bare:
+            out = self.dir / f"{name}.bare"
+            return lambda: run_bare(wspec, name, out, parent, gate)
+        path, spec_file = self.ledger.path_of(name), self.spec_file
+
+        def worker() -> int:  # in the forked child
+            workers.enter(slot)
+            if (wp := workers.python) is not None:
+                os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent)), wp.env(url))
+            return run_worker(wspec, name, path, parent, gate)
+
+        return worker
+
+    def reconnect(self, url: str) -> None:
+        """The harness's client and design on another server (a failover's promoted replica)."""
+        self.client.close()
+        self.url = url
+        self.client = connect.connect(url, decode_responses=True)
+        self.design = self.cls(self.client, self.prefix, self.settings)
+
+    def stop(self, grace: float) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL after `grace` s), and the zygote."""
+        self.sup.stop_all(grace=grace)
+
+    def close(self, keep: bool = False, clean_keys: bool = False) -> None:
+        """After `stop`: close the ledger and the client, delete the prefix's keys (`clean_keys`), and
+        remove the directory, or, with `keep`, mark it kept (the next orphan sweep leaves it alone)."""
+        try:
+            self.ledger.close()
+            if clean_keys:
+                with contextlib.suppress(redis.RedisError):
+                    cleanup_keys(self.url, self.prefix)
+            self.client.close()
+        finally:
+            if not keep:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            else:
+                workdirs.keep(self.dir)
