@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def backlog(small: Scenario) -> Scenario:
     """Production done in 0.5 s and workers far behind it: the queue holds a backlog at the fault."""
-    return small.replace(jobs=600, job_ms=20, kills=0, fault="kill", fault_at=0.8, downtime=0.3, produce_s=0.5)
+    return small.replace(jobs=600, job_ms=20, kills=0, fault="broker-kill", fault_at=0.8, downtime=0.3, produce_s=0.5)
 
 
 def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenario, tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_with_aof_always_a_server_kill_loses_no_acknowledged_job(backlog: Scenar
     run = result.runs[0]
     c, bf = run.counts, run.broker_fault
     assert run.problems == []
-    assert bf is not None and bf.kind == "kill" and bf.held_at_fault > 0 and bf.back_at is not None
+    assert bf is not None and bf.kind == "broker-kill" and bf.held_at_fault > 0 and bf.back_at is not None
     assert c.lost == 0 and c.stranded == 0
     assert c.done + c.unconfirmed == c.enqueued == 600
     assert c.done >= bf.acknowledged_before  # everything acknowledged was done, kill or not

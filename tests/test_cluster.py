@@ -299,7 +299,7 @@ def test_the_cli_ends_an_unsupported_library_in_one_line_that_the_table_keeps(
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ({"fault": "kill"}, "a broker fault (kill) acts on one server"),
+        ({"fault": "broker-kill"}, "a broker fault (broker-kill) acts on one server"),
         ({"persistence": "rdb"}, "persistence rdb"),
         ({"schedule": ({"kind": "network", "toxic": "timeout", "at": 0.1, "duration": 0.2},)}, "network faults"),
     ],

@@ -176,7 +176,7 @@ def test_a_single_server_fault_is_still_refused_on_a_cluster_and_a_graceful_fail
         "replica never does; use cluster-failover-force or cluster-takeover"
     ]
     assert problems_of(Scenario.of(name="x", fault="cluster-takeover", replica_lag=0.2)) == []
-    assert problems_of(Scenario.of(name="x", fault="kill", replica_lag=0.2)) == [
+    assert problems_of(Scenario.of(name="x", fault="broker-kill", replica_lag=0.2)) == [
         "broker.replica_lag is for a failover (a replica that falls behind its primary)"
     ]
 

@@ -43,11 +43,7 @@ def test_an_entry_is_checked_against_its_own_family_s_keys() -> None:
         {"kind": "cluster-kill", "count": 2}
     )
     sc = parse({"faults": [{"kind": "broker-kill", "at": 0.7, "downtime": 0.2}]}, "x.toml")
-    assert (sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (
-        "kill",
-        0.7,
-        0.2,
-    )  # a broker entry sets [broker]
+    assert (sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == ("broker-kill", 0.7, 0.2)  # sets [broker]
     assert [f.kind for f in faults.plan(sc)] == ["broker-kill"]
 
 
@@ -93,7 +89,7 @@ def test_the_guide_s_family_in_the_registry_alone_is_parsed_planned_and_driven_b
 
 
 def test_the_families_keep_the_seed_s_order_the_periodic_group_then_entries_then_the_broker() -> None:
-    sc = Scenario.of(kills=2, interval=0.3, workers=4, seed=3, fault="kill", fault_at=0.3)
+    sc = Scenario.of(kills=2, interval=0.3, workers=4, seed=3, fault="broker-kill", fault_at=0.3)
     sc = sc.replace(schedule=({"signal": "SIGTERM", "at": 0.3},))
     kinds = [(f.kind, f.signal, f.at) for f in faults.plan(sc)]
     # ties at 0.3 keep the order they were drawn in: the entry's signal before the broker's fault

@@ -124,7 +124,7 @@ def test_a_replica_link_gone_silent_before_a_failover_loses_what_the_primary_ack
     "entry, broker, problem",
     [
         ({"target": "replica"}, "none", 'target = "replica" needs a failover run'),
-        ({"target": "producer"}, "kill", 'target = "producer" cannot be combined with a broker fault'),
+        ({"target": "producer"}, "broker-kill", 'target = "producer" cannot be combined with a broker fault'),
         ({}, "failover", 'target = "workers" cannot be combined with a broker fault'),
         ({"target": "producer", "slot": 0}, "none", 'slot and workers are for target = "workers"'),
         ({"target": "server"}, "none", "target must be one of workers, producer, replica, not 'server'"),

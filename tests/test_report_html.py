@@ -260,7 +260,7 @@ def test_the_queue_line_breaks_through_a_broker_outage_instead_of_holding_its_la
 
     tl = synthetic(20)
     tl.depth = [Depth(0.0, 10, 0, 0, 0), Depth(0.25, 6, 0, 0, 0), Depth(0.9, 4, 0, 0, 0), Depth(1.0, 0, 0, 0, 0)]
-    tl.broker_fault = BrokerFaultRecord("kill", "none", 0.4, 6, [], 0, back_at=0.8)
+    tl.broker_fault = BrokerFaultRecord("broker-kill", "none", 0.4, 6, [], 0, back_at=0.8)
     scale = svg.Scale(0.0, 1.0, 100, 900)
     panel = svg.depth_panel(tl, scale, 0, 60)
     areas = re.findall(r'class="depth-area" d="([^"]+)"', panel)

@@ -275,7 +275,7 @@ pause = 0.5
 
 def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
     sc = scenario.parse(tomllib.loads(MIXED), "mixed.toml")
-    assert (sc.faults.kills, sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (0, "kill", 0.9, 0.4)
+    assert (sc.faults.kills, sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (0, "broker-kill", 0.9, 0.4)
     faults = plan(sc)
     assert [(f.at, f.kind, f.signal) for f in faults] == [
         (0.4, "signal", "SIGTERM"), (0.7, "signal", "SIGTERM"), (0.9, "broker-kill", "SIGKILL"),

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from crashbench import scenario
+from crashbench.model.faults import BrokerFaultRecord
 from crashbench.model.queue import DesignSettings
 from crashbench.model.sections import FIELD_SECTION, SECTION_RECORDS
 from crashbench.model.spec import QueueSpec, Scenario, WorkloadSpec
@@ -35,7 +36,7 @@ def test_to_dict_stays_flat_in_the_order_results_store_it() -> None:
 def test_flat_names_go_to_their_sections() -> None:
     sc = Scenario.of(name="x", jobs=10, kills=2, stale_after=0.5, fault="kill", drain_timeout=3.0)
     assert (sc.name, sc.workload.jobs, sc.faults.kills, sc.queue.stale_after) == ("x", 10, 2, 0.5)
-    assert (sc.broker.fault, sc.run.drain_timeout) == ("kill", 3.0)
+    assert (sc.broker.fault, sc.run.drain_timeout) == ("broker-kill", 3.0)  # "kill": its old name
     assert sc.replace(jobs=20).workload == dataclasses.replace(sc.workload, jobs=20)
     assert sc.value("jobs") == 10 and sc.value("name") == "x"
     assert FIELD_SECTION["wait_ms"] == "broker" and FIELD_SECTION["schedule"] == "faults"
@@ -63,3 +64,17 @@ def test_the_design_settings_and_the_workload_come_from_the_sections() -> None:
             assert getattr(s, f.name) == sc.value(f.name), f.name
     assert (s.options, s.stream_approximate, s.longest_job) == ({"worker_ttl": 30}, True, 0.006)
     assert sc.workload_model() == Workload(job_ms=4.0, job_dist="uniform", seed=9)
+
+
+def test_the_broker_kill_has_one_name_and_its_old_one_reads_as_it() -> None:
+    """`kill`, the [broker] fault's name before issue 27, in a scenario, a saved result's scenario or a
+    saved broker-fault record, is `broker-kill`; the fingerprint stays the one results saved with the
+    old name carry (3d867ae0dd2b: Scenario(fault="kill", fault_at=0.8) at commit 4407c8d)."""
+    old = Scenario.from_dict({**Scenario().to_dict(), "fault": "kill", "fault_at": 0.8})
+    new = Scenario.of(fault="broker-kill", fault_at=0.8)
+    assert old.broker.fault == new.broker.fault == "broker-kill" and old.to_dict()["fault"] == "broker-kill"
+    assert old.fingerprint() == new.fingerprint() == "3d867ae0dd2b"
+    assert BrokerFaultRecord("kill", "none", 0.5, 3, [], 0).kind == "broker-kill"
+    assert scenario.parse({"broker": {"fault": "kill"}}, "old.toml").broker.fault == "broker-kill"
+    with pytest.raises(scenario.ScenarioError, match=r"broker\.fault must be one of none, broker-kill, failover"):
+        scenario.parse({"broker": {"fault": "kil"}}, "x.toml")

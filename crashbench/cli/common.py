@@ -21,6 +21,7 @@ from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
 from crashbench.model import thresholds
+from crashbench.model.faults import OLD_NAMES
 from crashbench.model.results import Result
 from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import Threshold
@@ -133,7 +134,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--stream-trim", "stream_trim", click.Choice(STREAM_TRIM), "exact: MAXLEN N; approximate: MAXLEN ~ N, whole nodes only (queue.stream_trim)."),
     ("--socket-timeout", "socket_timeout", FINITE, "Built-in workers' socket and connect timeout, s; 0 = none, to see a half-open connection hang (queue.socket_timeout)."),
     ("--concurrency", "concurrency", int, "Handlers one library worker runs at once; 0 = the library's shipped default (queue.concurrency)."),
-    ("--broker-fault", "fault", click.Choice(BROKER_FAULTS), "Fault the server itself: kill it and restart it, or fail over to its replica (broker.fault)."),
+    ("--broker-fault", "fault", click.Choice([*BROKER_FAULTS, *OLD_NAMES]), "Fault the server itself: kill it and restart it (broker-kill; kill is its old name), or fail over to its replica (broker.fault)."),
     ("--fault-at", "fault_at", FINITE, "Seconds after the workers start when the broker fault strikes (broker.fault_at)."),
     ("--downtime", "downtime", FINITE, "Seconds a killed server stays down (broker.downtime)."),
     ("--persistence", "persistence", click.Choice(PERSISTENCE), "Persistence of the embedded server (broker.persistence)."),

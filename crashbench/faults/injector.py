@@ -226,7 +226,7 @@ class BrokerFaults:
             held = set(self.locate().held)
             self.held_at_fault = held
             now = self.clock()
-            kind = "failover" if self.fault.kind == "failover" else "kill"
+            kind = self.fault.kind  # broker-kill or failover
             self.record = BrokerFaultRecord(
                 kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[:JOB_SAMPLE],
                 self.producer.acknowledged,

@@ -22,21 +22,19 @@ KEYS = ("kind", "at", "downtime")
 CLUSTER_KINDS = (
     "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover", "cluster-partition",
 )  # fmt: skip
-# [[faults]] kind -> [broker] fault (a cluster fault's kind is its own name)
-BROKER_KINDS = {"broker-kill": "kill", "failover": "failover", **{k: k for k in CLUSTER_KINDS}}
 WITH_DOWNTIME = ("broker-kill", "cluster-kill", "cluster-partition")
 
 
 def fields(entry: Entry) -> dict[str, Any]:
     """An entry's [broker] section: its fault, and its `at` and `downtime` where it gives them."""
     named = {field: entry[key] for key, field in (("at", "fault_at"), ("downtime", "downtime")) if key in entry}
-    return {"fault": BROKER_KINDS[entry["kind"]], **named}
+    return {"fault": entry["kind"], **named}  # the [broker] fault is named by its kind
 
 
 def _section(kinds: tuple[str, ...]) -> Any:
     def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
         b = sc.broker
-        kind = {"kill": "broker-kill"}.get(b.fault, b.fault)
+        kind = b.fault
         if kind not in kinds:
             return []
         return [Fault(start, b.fault_at, -1, kind, duration=b.downtime if kind in WITH_DOWNTIME else 0.0)]
@@ -93,9 +91,9 @@ def _broker(h: History, before: Sections) -> Section:
 def _bands(kinds: tuple[str, ...]) -> Any:
     def bands(tl: Timeline) -> list[Band]:
         f = tl.broker_fault
-        if f is None or {"kill": "broker-kill"}.get(f.kind, f.kind) not in kinds:
+        if f is None or f.kind not in kinds:
             return []
-        what = {"kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
+        what = {"broker-kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
         back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
         return [Band(f.at, f.back_at, f.kind, what, f"{what} at {f.at:.3f} s, {back} (held {f.held_at_fault} jobs)")]
 

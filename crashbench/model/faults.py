@@ -7,6 +7,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The broker's own kill has one name, its [[faults]] kind. Until issue 27 its [broker] fault and its
+# record said "kill": read from an old scenario file, command line or saved result, that is this name.
+BROKER_KILL = "broker-kill"
+OLD_NAMES = {"kill": BROKER_KILL}
+
+
+def broker_fault_name(kind: object) -> object:
+    """A broker fault's one name (anything else, an unknown name or not a name, as it is)."""
+    return OLD_NAMES.get(kind, kind) if isinstance(kind, str) else kind
+
+
+def broker_fault_text(kind: str) -> str:
+    """A broker fault as a line of text names it: "broker-kill", "broker failover", "broker cluster-kill"."""
+    name = str(broker_fault_name(kind))
+    return name if name.startswith("broker-") else f"broker {name}"
+
+
 JOB_SAMPLE = 100  # ids listed per outcome class (or held at a fault) in a result; the counts are always complete
 
 
@@ -69,7 +86,7 @@ class KillRecord:
 class BrokerFaultRecord:
     """The broker fault as executed (crashbench.faults.broker). Times are seconds since the workers started."""
 
-    kind: str  # "kill" | "failover" | a cluster fault's kind (crashbench.faults.servers.CLUSTER_KINDS)
+    kind: str  # "broker-kill" | "failover" | a cluster fault's kind (crashbench.faults.servers.CLUSTER_KINDS)
     persistence: str
     at: float
     held_at_fault: int  # jobs the queue held (its state()) just before the fault
@@ -84,6 +101,9 @@ class BrokerFaultRecord:
     promoted_offset: int | None = None
     promoted_held: int | None = None
     rejoined_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = str(broker_fault_name(self.kind))  # "kill" in a result saved before the one name
 
 
 @dataclass(slots=True)

@@ -12,6 +12,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from crashbench.model.faults import broker_fault_name
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -78,6 +80,9 @@ class BrokerSpec:
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fault", broker_fault_name(self.fault))  # "kill": the old name of broker-kill
 
 
 @dataclass(frozen=True)

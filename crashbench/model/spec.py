@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashbench.model import thresholds
+from crashbench.model.faults import BROKER_KILL
 from crashbench.model.queue import DesignSettings
 from crashbench.model.sections import FIELD_SECTION as FIELD_SECTION
 from crashbench.model.sections import SECTION_RECORDS as SECTION_RECORDS
@@ -132,5 +133,7 @@ class Scenario:
         for key, default in (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before")):
             if data[key] == default:
                 data.pop(key)
+        if data["fault"] == BROKER_KILL:  # hashed by its old name: older results keep their fingerprint
+            data["fault"] = "kill"
         digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from crashbench.model.bench import BenchResult
 from crashbench.model.counts import Problem
-from crashbench.model.faults import NetworkFaultRecord
+from crashbench.model.faults import NetworkFaultRecord, broker_fault_text
 from crashbench.model.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.model.results import label as label_of
 from crashbench.model.thresholds import coverage
@@ -126,7 +126,8 @@ def result_table(result: Result, plain: bool = False) -> Group:
             back = f", back at {bf.back_at:.2f} s" if bf.back_at is not None else ""
             parts.append(
                 Text(
-                    f"{name}: broker {bf.kind} at {bf.at:.2f} s{back} ({bf.persistence} persistence); Redis held "
+                    f"{name}: {broker_fault_text(bf.kind)} at {bf.at:.2f} s{back} ({bf.persistence} persistence); "
+                    "Redis held "
                     f"{bf.held_at_fault} jobs at the fault (done later or not: the table counts those never "
                     f"done), {bf.acknowledged_before} enqueues acknowledged before",
                     style="yellow",

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from crashbench.model.faults import broker_fault_text
 from crashbench.model.results import DesignRun, Result, ThresholdResult, number
 from crashbench.model.results import label as label_of
 from crashbench.model.spec import Scenario
@@ -115,7 +116,7 @@ def scenario_line(sc: dict[str, Any]) -> str:
     except (KeyError, TypeError, ValueError):
         return str(sc.get("name", "scenario"))
     if sc.get("fault", "none") != "none":
-        line += f"; broker {sc['fault']} at {sc.get('fault_at', 0):g} s for {sc.get('downtime', 0):g} s"
+        line += f"; {broker_fault_text(sc['fault'])} at {sc.get('fault_at', 0):g} s for {sc.get('downtime', 0):g} s"
     return line
 
 

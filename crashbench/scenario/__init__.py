@@ -115,7 +115,7 @@ def problems_of(sc: Scenario) -> list[str]:
     p += _bounds(sc)
     lag, at, fault = sc.broker.replica_lag, sc.broker.fault_at, sc.broker.fault
     if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
-        if lag and fault in ("none", "kill"):
+        if lag and fault in ("none", "broker-kill"):
             p.append("broker.replica_lag is for a failover (a replica that falls behind its primary)")
         elif lag and fault == "cluster-failover":
             p.append(

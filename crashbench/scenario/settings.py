@@ -23,7 +23,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "run": ("drain_timeout", "designs"),
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster
-BROKER_FAULTS = ("none", "kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
+BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
                  "cluster-takeover", "cluster-partition")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 # before: every job is enqueued before the workers start; during: the producer enqueues them over
