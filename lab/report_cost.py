@@ -8,7 +8,7 @@ import statistics
 import sys
 import time
 
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 from crashbench.model.ledger import Execution
 from crashbench.model.results import Environment, Result
 from crashbench.model.timeline import Depth, DesignFlags, Mark, Spawn, Timeline
@@ -43,7 +43,7 @@ def timeline(executions: int, job_s: float = 0.01) -> Timeline:
         tl.executions[slot * per + n] = Execution(victim.job, victim.worker, victim.start, None, False, victim.pid, 1)
         rerun = at + 1.0
         tl.executions.append(Execution(victim.job, f"w{(slot + 1) % WORKERS}", rerun, rerun + job_s, False, 0, 2))
-        tl.kills.append(KillRecord(i, at, at, slot, victim.worker, victim.pid, "SIGKILL", "worker", True,
+        tl.signals.append(SignalRecord(i, at, at, slot, victim.worker, victim.pid, "SIGKILL", "worker", True,
                                    victim.job, 0.0, None, jobs=[victim.job]))  # fmt: skip
         tl.marks.append(Mark(rerun - 0.01, "recover", 1))
     steps = int(end / 0.25) + 1

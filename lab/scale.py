@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 from crashbench.model.timeline import Timeline
 from crashbench.report import recount
 
@@ -101,12 +101,12 @@ def measure(jobs: int) -> Row:
     )  # fmt: skip
 
 
-def restarts(tl: Timeline, which: Callable[[KillRecord], bool]) -> tuple[float | None, float | None]:
+def restarts(tl: Timeline, which: Callable[[SignalRecord], bool]) -> tuple[float | None, float | None]:
     """Of these kills: the median SIGKILL -> replacement READY (as a result's restart_ms_median counts
     it), and the median spawn -> READY of the replacements, the restart without the runner's own part
     (delivering the signal, handing the slot over), in ms."""
     spawned = {s.worker: s.t for s in tl.spawns}
-    kills = [k for k in tl.kills if which(k) and k.replacement in tl.ready]
+    kills = [k for k in tl.signals if which(k) and k.replacement in tl.ready]
     restart = [tl.ready[k.replacement] - k.at for k in kills]
     start = [tl.ready[k.replacement] - spawned[k.replacement] for k in kills]
     return _median_ms(restart), _median_ms(start)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from crashbench.evidence.checks import Evidence, KillFact, Redelivery, check, requeues
+from crashbench.evidence.checks import Evidence, Redelivery, SignalFact, check, requeues
 from crashbench.model.ledger import Execution, Executions, LedgerProblem
 from crashbench.model.queue import Located, QueueState
 
@@ -29,7 +29,7 @@ def consistent() -> Evidence:
         state=QueueState(held={"c": "pending"}, dead_lettered={"d"}, requeued={"b"}, requeue_events=1),
         drained=False,
         own_worker=False,
-        kills=[KillFact("w1", "SIGKILL", True, "b")],
+        signals=[SignalFact("w1", "SIGKILL", True, "b")],
     )
 
 
@@ -147,7 +147,7 @@ def test_a_mid_job_kill_whose_victim_finished_the_job() -> None:
 
 def test_a_kill_record_naming_another_workers_open_execution() -> None:
     ev = consistent()
-    ev.kills = [KillFact("w2", "SIGKILL", True, "b")]
+    ev.signals = [SignalFact("w2", "SIGKILL", True, "b")]
     assert fired(ev) == {"kill_without_open_execution": ["b"]}
 
 

@@ -67,7 +67,7 @@ def test_a_pause_longer_than_the_threshold_runs_the_job_twice_at_once(
     # anyone: a pause that landed later could freeze the worker running that job's second copy.
     pauses = tuple({"signal": "SIGSTOP", "at": at, "slot": slot, "pause": 0.6} for at, slot in ((0.2, 0), (0.25, 1)))
     # 30 ms jobs: a pause is mid-job by the injector's look at the frozen victim's ledger, which is
-    # wrong only if the handler had taken its end time and not yet written it (crashbench.evidence.kills
+    # wrong only if the handler had taken its end time and not yet written it (crashbench.evidence.signaled
     # settles the verdict from the final ledger); longer jobs make that window a smaller share.
     sc = small.replace(jobs=300, job_ms=30, stale_after=0.2, kills=0, schedule=pauses)
     result = run_designs(sc, ["reliable", "stream", "naive"], Options(redis_url=valkey_url))

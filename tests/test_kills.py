@@ -1,4 +1,4 @@
-"""A fault's verdict settled from the final ledger and the handlers' own times (crashbench.evidence.kills),
+"""A fault's verdict settled from the final ledger and the handlers' own times (crashbench.evidence.signaled),
 on executions made by hand: the races of issue 25 item 4, each with a known answer."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import signal
 
 import pytest
 
-from crashbench.evidence.kills import caught, recovery_ms, settle
+from crashbench.evidence.signaled import caught, recovery_ms, settle
 from crashbench.model.executions import Execution, Executions
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
 
 
-def kill(signal: str, at: float, claimed: list[str], worker: str = "w0", child: int = 0) -> KillRecord:
+def kill(signal: str, at: float, claimed: list[str], worker: str = "w0", child: int = 0) -> SignalRecord:
     """A record as the injector wrote it: `claimed` is its look at the ledger, which may be stale."""
-    return KillRecord(
+    return SignalRecord(
         index=0, planned_at=at, at=at, slot=0, worker=worker, pid=100, signal=signal, target="worker",
         mid_job=bool(claimed), job=claimed[-1] if claimed else None, waited_ms=0.0, replacement=None,
         jobs=list(claimed), child=child,

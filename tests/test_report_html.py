@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.model import thresholds
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 from crashbench.model.ledger import Execution
 from crashbench.model.results import Environment, Result
 from crashbench.model.spec import Scenario
@@ -80,7 +80,7 @@ def crash_result(valkey_url: str) -> Result:
     return run_designs(sc, ["naive", "reliable"], options, kind="compare")
 
 
-def restarted(tl: Timeline, k: KillRecord) -> list[str]:
+def restarted(tl: Timeline, k: SignalRecord) -> list[str]:
     """The jobs a fault hit that started again afterwards (by anyone)."""
     return [j for j in k.jobs if any(ex.job == j and ex.start > k.at for ex in tl.executions)]
 
@@ -164,7 +164,7 @@ def synthetic(executions: int, slots: int = 8) -> Timeline:
     xs[per // 2] = Execution(hit.job, "w0", hit.start, None, False, 100, 1)
     xs.append(Execution(hit.job, "w1", kill_at + 1.0, kill_at + 1.0009, False, 101, 1))
     tl.executions = xs
-    tl.kills = [KillRecord(0, kill_at, kill_at, 0, "w0", 100, "SIGKILL", "worker", True, hit.job, 0.0, "w9",
+    tl.signals = [SignalRecord(0, kill_at, kill_at, 0, "w0", 100, "SIGKILL", "worker", True, hit.job, 0.0, "w9",
                            jobs=[hit.job])]  # fmt: skip
     tl.spawns.append(Spawn(kill_at + 0.005, "w9", 0, 109))
     tl.depth = [Depth(t, max(0, executions - int(t * 1000 * slots)), slots, 0, 0) for t in range(0, per // 1000 + 1)]

@@ -3,7 +3,7 @@ Redis disagree, crashbench or the design is wrong, and the run must say so (exit
 
 Every check compares two sources that are produced independently: the design's `state()` and
 `backlog()` against the inspector's snapshot; the ids in Redis against the ids the harness
-enqueued; the kill records against the victims' final ledgers; the design's requeued ids against its
+enqueued; the worker signals' records against the victims' final ledgers; the design's requeued ids against its
 own event counter, and its requeue and poison figures against the ledger (`requeues`); the producer's
 two id sets against the job list. None restates how a count was
 computed, so each can fire (tests/test_evidence.py shows each one firing).
@@ -31,8 +31,8 @@ def _ids(ids: Iterable[str]) -> list[str]:
 
 
 @dataclass(slots=True)
-class KillFact:
-    """What a kill record claims, as far as the checks need it."""
+class SignalFact:
+    """What a worker signal's record claims, as far as the checks need it."""
 
     worker: str
     signal: str
@@ -48,7 +48,7 @@ class Evidence:
     state: QueueState  # the design's own report
     drained: bool
     own_worker: bool  # the handler runs in a library's worker, not crashbench's loop
-    kills: Sequence[KillFact] = ()
+    signals: Sequence[SignalFact] = ()
     ledger_problems: Sequence[LedgerProblem] = ()
     acknowledged: Collection[str] | None = None  # with a producer during the run (broker faults)
     indeterminate: Collection[str] | None = None
@@ -76,7 +76,7 @@ def check(ev: Evidence) -> list[Problem]:
     out += _requeues(ev.state)
     if not ev.own_worker:
         out += _failed_without_record(ev.state, ev.located, runs)
-    out += _kills(ev.kills, runs)
+    out += _signals(ev.signals, runs)
     out += [_ledger(p) for p in ev.ledger_problems]
     if ev.acknowledged is not None and ev.indeterminate is not None:
         out += _enqueues(enqueued, set(ev.acknowledged), set(ev.indeterminate))
@@ -152,10 +152,10 @@ def _failed_without_record(state: QueueState, located: Located, runs: Executions
     return _when("failed_without_record", none, "{n} job(s) recorded failed whose handler never raised")
 
 
-def _kills(kills: Sequence[KillFact], runs: Executions) -> list[Problem]:
+def _signals(signals: Sequence[SignalFact], runs: Executions) -> list[Problem]:
     interrupted_rows = [r for r, end in enumerate(runs.ends) if end != end]  # NaN: never ended
     open_at = {(runs.worker(r), runs.job(r)) for r in interrupted_rows}
-    hits = [k for k in kills if k.signal == "SIGKILL" and k.mid_job]
+    hits = [k for k in signals if k.signal == "SIGKILL" and k.mid_job]
     missing = [k for k in hits if (k.worker, k.job) not in open_at]
     names = ", ".join(f"{k.worker}/{k.job}" for k in missing)
     out = _when(

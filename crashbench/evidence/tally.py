@@ -18,13 +18,13 @@ from crashbench import jobids
 from crashbench.errors import UnexpectedError
 from crashbench.evidence import checks as evidence
 from crashbench.evidence import counts as counting
-from crashbench.evidence import kills as killing
+from crashbench.evidence import signaled
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
 from crashbench.model.counts import Counts
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.model.faults import JOB_SAMPLE
-from crashbench.model.results import DesignRun, KillRecord, Timings
+from crashbench.model.results import DesignRun, SignalRecord, Timings
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
 
@@ -59,11 +59,11 @@ def _runs_of(runs: Executions, jobs: set[str]) -> dict[str, list[Execution]]:
     return out
 
 
-@checker("kills")
-def _kills(h: History, before: Sections) -> Section:
-    """Each kill's verdict settled from the final ledger (crashbench.evidence.kills): on copies, so the
+@checker("signals")
+def _signals(h: History, before: Sections) -> Section:
+    """Each worker signal's verdict settled from the final ledger (crashbench.evidence.signaled): on copies, so the
     timeline stays as recorded; the later checkers fill in their derived figures."""
-    return Section("kills", facts={"records": killing.settle(h.timeline.kills, h.runs)})  # counted in outcomes
+    return Section("signals", facts={"records": signaled.settle(h.timeline.signals, h.runs)})  # counted in outcomes
 
 
 @checker("evidence")
@@ -73,11 +73,11 @@ def _evidence(h: History, before: Sections) -> Section:
     tl, produced = h.timeline, h.timeline.produced
     # A parent-only kill leaves the job running in an orphan, which may finish it: no claim to check.
     # The claims are the injector's own look, as recorded.
-    facts = [evidence.KillFact(k.worker, k.signal, k.mid_job, k.job) for k in tl.kills if k.target != "parent"]
+    facts = [evidence.SignalFact(k.worker, k.signal, k.mid_job, k.job) for k in tl.signals if k.target != "parent"]
     problems = evidence.check(
         evidence.Evidence(
             enqueued=tl.ids, executions=tl.executions, located=tl.located, state=tl.state,
-            drained=tl.drained, own_worker=tl.design.own_worker, kills=facts, ledger_problems=tl.ledger_problems,
+            drained=tl.drained, own_worker=tl.design.own_worker, signals=facts, ledger_problems=tl.ledger_problems,
             acknowledged=tl.acknowledged if produced else None,
             indeterminate=tl.indeterminate if produced else None,
             drained_at=tl.drained_at, settled_at=tl.settled_at, backlog_after=tl.backlog_after,
@@ -94,7 +94,7 @@ def _outcomes(h: History, before: Sections) -> Section:
     tl, sc = h.timeline, h.scenario
     c, classes = counting.count(
         tl.ids, tl.executions, tl.located, tl.state, drops_failed=tl.design.drops_failed,
-        kills=len(records := before.fact("kills", "records")), kills_mid_job=sum(k.mid_job for k in records),
+        kills=len(records := before.fact("signals", "records")), kills_mid_job=sum(k.mid_job for k in records),
         workload=sc.workload_model(), settings=sc.settings(), indeterminate=tl.indeterminate,
         broker_fault=tl.fault_window(), drained=tl.drained, cut_off=tl.cut_off,
     )  # fmt: skip
@@ -135,23 +135,23 @@ def _trim(h: History, before: Sections) -> Section:
 
 @checker("recovery")
 def _recovery(h: History, before: Sections) -> Section:
-    """How soon each kill's replacement was ready and its jobs ran again; the jobs that never did."""
-    tl, records = h.timeline, before.fact("kills", "records")
+    """How soon each killed worker's replacement was ready and its jobs ran again; the jobs that never did."""
+    tl, records = h.timeline, before.fact("signals", "records")
     runs_of = _runs_of(h.runs, {j for k in records for j in k.jobs})
     for k in records:
         ready = tl.ready.get(k.replacement) if k.replacement else None
         if ready is not None:
             k.replacement_ready_ms = round((ready - k.at) * 1000, 3)
-        k.recovered_after_ms = killing.recovery_ms(k, runs_of.get(k.job or "", []))
+        k.recovered_after_ms = signaled.recovery_ms(k, runs_of.get(k.job or "", []))
     recoveries = sorted(k.recovered_after_ms for k in records if k.recovered_after_ms is not None)
     # Every handler a kill interrupted, not only the one its record names: a worker running several
     # (threads, a pool) leaves several jobs for recovery to give back.
-    unrecovered = sum(1 for k in records for j in k.jobs if math.isinf(killing.recovery_ms(k, runs_of[j]) or 0.0))
+    unrecovered = sum(1 for k in records for j in k.jobs if math.isinf(signaled.recovery_ms(k, runs_of[j]) or 0.0))
     return Section("recovery", counts={"unrecovered": unrecovered}, facts={"recoveries": recoveries})
 
 
 # The core checkers; each fault family adds its own after them (crashbench.faults.registry.checkers).
-CHECKERS: tuple[Checker, ...] = (_kills, _evidence, _outcomes, _requeues, _trim, _recovery)
+CHECKERS: tuple[Checker, ...] = (_signals, _evidence, _outcomes, _requeues, _trim, _recovery)
 
 
 def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
@@ -164,7 +164,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
     if failed := crashed(sections):
         raise UnexpectedError("; ".join(f"checker {s.name} raised, its verdict is unknown: {s.error}" for s in failed))
     c = merged_counts(sections)
-    records = sections.fact("kills", "records")
+    records = sections.fact("signals", "records")
     classes = sections.fact("outcomes", "classes")
     run = DesignRun(
         design=tl.spec,
@@ -194,10 +194,10 @@ def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
 
 
 def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidence.Redelivery:
-    times = [k.at for k in tl.kills] + [nf.at for nf in tl.network]
+    times = [k.at for k in tl.signals] + [nf.at for nf in tl.network]
     if tl.broker_fault is not None:
         times.append(tl.broker_fault.at)
-    faults = len(tl.kills) + sum(max(1, len(nf.slots)) for nf in tl.network)
+    faults = len(tl.signals) + sum(max(1, len(nf.slots)) for nf in tl.network)
     faults += sc.workload.workers if tl.broker_fault is not None else 0
     return evidence.Redelivery(
         redelivered=classes["redelivered"],
@@ -210,9 +210,9 @@ def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidenc
     )
 
 
-def _timings(tl: Timeline, sc: Scenario, kills: list[KillRecord], done: int, recoveries: list[float]) -> Timings:
+def _timings(tl: Timeline, sc: Scenario, signals: list[SignalRecord], done: int, recoveries: list[float]) -> Timings:
     startups = [(ready - s.t) * 1000 for s in tl.spawns if (ready := tl.ready.get(s.worker)) is not None]
-    restarts = [k.replacement_ready_ms for k in kills if k.replacement_ready_ms is not None]
+    restarts = [k.replacement_ready_ms for k in signals if k.replacement_ready_ms is not None]
     wall = tl.drained_at
     return Timings(
         wall_s=round(wall, 4),

@@ -5,7 +5,7 @@ down). Worker faults fire in order of their start; a broker fault and network fa
 Every worker fault freezes its victim (SIGSTOP, until the kernel reports it stopped) before it reads
 the fault's time and delivers the signal, so no handler of the victim starts or ends between the two:
 the result settles each fault's verdict from the final ledger against that time, for every signal
-(crashbench.evidence.kills). A mid-job fault waits for its victim to be inside a handler: it freezes
+(crashbench.evidence.signaled). A mid-job fault waits for its victim to be inside a handler: it freezes
 the victim, checks the ledger again, and only then delivers the signal. After a SIGKILL, the
 executions it interrupted are read from the victim's final ledger, once every process the signal hit
 is gone.
@@ -23,7 +23,7 @@ from crashbench.control.proxyctl import ProxyProcess
 from crashbench.control.supervisor import Supervisor, WorkerProcess
 from crashbench.faults.broker import Broker, ReplicaCut, wait_back
 from crashbench.faults.family import Producer
-from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord
+from crashbench.model.faults import JOB_SAMPLE, BrokerFaultRecord, Fault, NetworkFaultRecord, SignalRecord
 from crashbench.model.ledger import Execution, Ledger
 from crashbench.model.queue import Located
 from crashbench.model.timeline import rel
@@ -58,7 +58,7 @@ class WorkerFaults:
         self.starts_seen = 0  # handler starts in the ledgers as last seen, and when they last grew
         self.last_start: float | None = None
         self.t0 = 0.0
-        self.records: list[KillRecord] = []
+        self.records: list[SignalRecord] = []
         self.paused: dict[str, tuple[float, WorkerProcess]] = {}  # worker -> (resume at, process)
         self.healed: list[tuple[float, str]] = []  # (harness clock, worker): a pause's end, SIGCONT sent
 
@@ -136,7 +136,7 @@ class WorkerFaults:
             return False
         return True
 
-    def _hit(self, fault: Fault, victim: WorkerProcess, due: float) -> KillRecord:
+    def _hit(self, fault: Fault, victim: WorkerProcess, due: float) -> SignalRecord:
         at = self.clock()
         sig = int(signal.Signals[fault.signal])
         self.ledger.poll(victim.name)
@@ -158,7 +158,7 @@ class WorkerFaults:
                 self.sup.wait_dead(victim if target != "child" else None, killed)
                 opened = self._killed_inside(victim, child if target == "child" else 0)
                 inside = opened[-1] if opened else None
-        return KillRecord(
+        return SignalRecord(
             index=fault.index, planned_at=round(self.since + fault.at, 6), at=rel(at, self.t0), slot=fault.slot,
             worker=victim.name, pid=victim.pid, signal=fault.signal, target=target, mid_job=inside is not None,
             job=inside.job if inside else None, jobs=[ex.job for ex in opened], waited_ms=round((at - due) * 1000, 3),

@@ -86,7 +86,7 @@ def driver(run: FaultRun) -> Driver | None:
 
 
 def history(d: Driver) -> dict[str, Any]:
-    return {"kills": d.records}  # type: ignore[attr-defined]
+    return {"signals": d.records}  # type: ignore[attr-defined]
 
 
 # A signal's look in the report: SIGKILL a kill, SIGTERM a stop asked for, SIGSTOP a pause (any other: a kill's).
@@ -98,7 +98,7 @@ def marks(tl: Timeline) -> list[Mark]:
     fault's own: a [[faults]] entry may set its pause)."""
     lasts = {f.index: f.duration for f in tl.planned}
     out = []
-    for k in tl.kills:
+    for k in tl.signals:
         look = LOOK.get(k.signal, "kill")
         hit = ", ".join(k.jobs) if k.jobs else (k.job or "no job")
         tip = f"{k.signal} {k.worker} at {k.at:.3f} s ({'mid-job: ' + hit if k.mid_job else 'between jobs'})"

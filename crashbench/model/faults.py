@@ -57,8 +57,9 @@ class Fault:
 
 
 @dataclass(slots=True)
-class KillRecord:
-    """One fault as executed. Times are seconds since the run's workers were started."""
+class SignalRecord:
+    """One worker signal as executed (a kill, a graceful stop, a pause). Times are seconds since the
+    run's workers were started."""
 
     index: int
     planned_at: float
@@ -69,7 +70,7 @@ class KillRecord:
     signal: str
     target: str  # worker (single-process worker), tree, parent or child: which processes got the signal
     # As recorded, the injector's look at the victim's ledger once it was frozen; in a result, settled
-    # from the final ledger and the handlers' own times (crashbench.evidence.kills).
+    # from the final ledger and the handlers' own times (crashbench.evidence.signaled).
     mid_job: bool  # the victim was inside a handler when the signal landed
     job: str | None  # the job whose handler it was inside
     waited_ms: float  # how long the fault waited for the victim to be inside a handler

@@ -20,8 +20,8 @@ from crashbench.model import timeline
 from crashbench.model.counts import Counts, Problem, TotalQueue
 from crashbench.model.faults import BrokerFaultRecord as BrokerFaultRecord  # re-exported: results name them
 from crashbench.model.faults import Fault as Fault
-from crashbench.model.faults import KillRecord as KillRecord
 from crashbench.model.faults import NetworkFaultRecord as NetworkFaultRecord
+from crashbench.model.faults import SignalRecord as SignalRecord
 from crashbench.model.faults import WorkerExit as WorkerExit
 from crashbench.model.stored import Consumer
 from crashbench.model.timeline import Timeline
@@ -96,7 +96,7 @@ class DesignRun:
     seed: int
     counts: Counts
     timings: Timings
-    kills: list[KillRecord]
+    kills: list[SignalRecord]
     repeat: int = 0  # which repeat of the scenario this run is (0-based); its seed is the scenario's + repeat
     schedule: list[Fault] = field(default_factory=list)  # the fault schedule the seed gave
     broker_fault: BrokerFaultRecord | None = None

@@ -14,7 +14,8 @@ result follow each other, each opened by its `run` line:
                worker died inside), f (1: it raised), p(id), x (thread), a (its ack returned; null:
                not acked, or a library's worker, which cannot tell), n (1: the ack found nothing)
     ledger_problem  a ledger record that did not fit (crashbench.model.ledger)
-    planned    the fault schedule the seed gave          kill   a worker fault as executed (KillRecord)
+    planned    the fault schedule the seed gave
+    signal     a worker signal as executed (SignalRecord; "kill" in older files)
     net        a network fault as executed: index, toxic, slots, at, healed_at, target
     mark       t, what, n: a recovery pass ("recover", n = what it gave back by the design's own figure,
                -1 when it does not tell), the server ("down", "up", "failover", "replica_cut",
@@ -54,7 +55,7 @@ from crashbench import files
 from crashbench.jobids import JobIds
 from crashbench.model.counts import Problem
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.model.faults import BrokerFaultRecord, Fault, KillRecord, NetworkFaultRecord, WorkerExit
+from crashbench.model.faults import BrokerFaultRecord, Fault, NetworkFaultRecord, SignalRecord, WorkerExit
 from crashbench.model.ledger import LedgerProblem
 from crashbench.model.queue import Located, QueueState, Receipts, StreamEnd
 from crashbench.model.stored import Consumer
@@ -147,7 +148,7 @@ class Timeline:
     executions: Sequence[Execution] = field(default_factory=Executions)  # Executions, or a test's list
     ledger_problems: list[LedgerProblem] = field(default_factory=list)
     planned: list[Fault] = field(default_factory=list)
-    kills: list[KillRecord] = field(default_factory=list)
+    signals: list[SignalRecord] = field(default_factory=list)  # worker signals as executed: kills, stops, pauses
     network: list[NetworkFaultRecord] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     fault_events: list[FaultEvent] = field(default_factory=list)
@@ -219,8 +220,8 @@ class Timeline:
             yield {"e": "ready", "t": t, "worker": worker}
         for p in self.planned:
             yield {"e": "planned", **asdict(p)}
-        for k in self.kills:  # as executed: what the counting derives from them is not evidence
-            yield {"e": "kill", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
+        for k in self.signals:  # as executed: what the counting derives from them is not evidence
+            yield {"e": "signal", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
         for nf in self.network:  # as executed: what the counting derives from them is not evidence
             yield {"e": "net", "index": nf.index, "toxic": nf.toxic, "slots": nf.slots, "at": nf.at,
                    "healed_at": nf.healed_at, "target": nf.target}  # fmt: skip
@@ -353,8 +354,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
         tl.ready[d["worker"]] = d["t"]
     elif e == "planned":
         tl.planned.append(Fault(**{**d, "slots": tuple(d.get("slots", ()))}))
-    elif e == "kill":
-        tl.kills.append(KillRecord(**d))
+    elif e in ("signal", "kill"):  # "kill": its name before issue 27
+        tl.signals.append(SignalRecord(**d))
     elif e == "net":
         tl.network.append(
             NetworkFaultRecord(d["index"], d["toxic"], d["slots"], d["at"], d["healed_at"], d.get("target", "workers"))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from crashbench.faults import registry
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 from crashbench.model.ledger import Execution
 from crashbench.model.timeline import Timeline
 from crashbench.report.svg import Scale, esc, num
@@ -71,7 +71,7 @@ def slot_count(tl: Timeline) -> int:
 
 def deaths(tl: Timeline) -> dict[str, float]:
     """When each killed worker died: the end of the bar of a handler it died inside."""
-    return {k.worker: k.at for k in tl.kills if k.signal != "SIGSTOP"}
+    return {k.worker: k.at for k in tl.signals if k.signal != "SIGSTOP"}
 
 
 def classify(executions: Sequence[Execution]) -> list[tuple[Execution, str]]:
@@ -194,14 +194,14 @@ def _marks(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
 def _recovery(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes, arrow: str) -> tuple[list[str], list[str]]:
     """Fault -> next start of each job it hit, counted as crashbench.evidence.tally counts them: a later
     start by anyone is a recovery; no later start and no completion after the fault, never."""
-    hit = {j for k in tl.kills for j in k.jobs}
+    hit = {j for k in tl.signals for j in k.jobs}
     runs_of: dict[str, list[Execution]] = {j: [] for j in hit}
     for ex in tl.executions:
         if ex.job in runs_of:
             runs_of[ex.job].append(ex)
     slot_of = tl.slot_of()
     lines, marks = [], []
-    for k in tl.kills:
+    for k in tl.signals:
         if k.job is None or not 0 <= k.slot < g.slots:
             continue
         for n, job in enumerate(k.jobs):
@@ -212,7 +212,7 @@ def _recovery(tl: Timeline, scale: Scale, g: Geometry, lanes: Lanes, arrow: str)
 
 
 def _one_recovery(
-    k: KillRecord, job: str, n: int, runs: list[Execution], slot_of: dict[str, int], scale: Scale, g: Geometry,
+    k: SignalRecord, job: str, n: int, runs: list[Execution], slot_of: dict[str, int], scale: Scale, g: Geometry,
     lanes: Lanes, arrow: str,
 ) -> tuple[bool, str]:  # fmt: skip
     """(whether the job started again, its line or its never-recovered mark)."""

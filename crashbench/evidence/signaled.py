@@ -21,10 +21,10 @@ import math
 from collections.abc import Sequence
 
 from crashbench.model.executions import Execution, Executions
-from crashbench.model.faults import KillRecord
+from crashbench.model.faults import SignalRecord
 
 
-def caught(kills: Sequence[KillRecord], runs: Executions) -> list[list[str]]:
+def caught(kills: Sequence[SignalRecord], runs: Executions) -> list[list[str]]:
     """Per kill, the jobs whose handler it caught, oldest start first: the victim's executions (only
     the process hit, for a child-only kill) that started by the fault's time and had not ended by it.
     One pass over the executions, looking only at the victims' execution contexts."""
@@ -48,7 +48,7 @@ def caught(kills: Sequence[KillRecord], runs: Executions) -> list[list[str]]:
     return [[job for _, job in sorted(f)] for f in found]
 
 
-def settle(kills: Sequence[KillRecord], runs: Executions) -> list[KillRecord]:
+def settle(kills: Sequence[SignalRecord], runs: Executions) -> list[SignalRecord]:
     """Copies of `kills` whose mid-job verdict, job and jobs are what `caught` reads."""
     out = []
     for k, jobs in zip(kills, caught(kills, runs), strict=True):
@@ -56,7 +56,7 @@ def settle(kills: Sequence[KillRecord], runs: Executions) -> list[KillRecord]:
     return out
 
 
-def recovery_ms(k: KillRecord, runs: Sequence[Execution]) -> float | None:
+def recovery_ms(k: SignalRecord, runs: Sequence[Execution]) -> float | None:
     """Fault -> the next start of a job the victim was inside (`runs`: that job's executions, one of
     `k.jobs`), by anyone: how long recovery took; +inf when it never started again nor completed after
     the fault (a job the queue never gave back); None when no job was hit or it finished where it was."""
