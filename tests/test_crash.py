@@ -67,7 +67,7 @@ def test_compare_uses_one_fault_schedule_for_every_design(valkey_url: str, small
     assert schedules[0] == schedules[1] == schedules[2]
     assert len(schedules[0]) == 5
     again = run_designs(small, ["naive"], Options(redis_url=valkey_url)).runs[0]
-    assert [(k.planned_at, k.slot) for k in again.signals] == [(k.planned_at, k.slot) for k in result.runs[0].kills]
+    assert [(k.planned_at, k.slot) for k in again.kills] == [(k.planned_at, k.slot) for k in result.runs[0].kills]
 
 
 def test_kills_on_the_clock_still_lose_nothing_with_reliable(valkey_url: str, small: Scenario) -> None:
