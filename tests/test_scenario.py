@@ -13,6 +13,7 @@ import pytest
 from crashbench import scenario
 from crashbench.errors import ScenarioError, UsageError
 from crashbench.faults import Fault, plan
+from crashbench.model.faults import SignalFault
 from crashbench.run.session import sweep_values
 from crashbench.scenario import files as scenario_files
 from crashbench.scenario import with_overrides
@@ -277,18 +278,19 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
     sc = scenario.parse(tomllib.loads(MIXED), "mixed.toml")
     assert (sc.faults.kills, sc.broker.fault, sc.broker.fault_at, sc.broker.downtime) == (0, "broker-kill", 0.9, 0.4)
     faults = plan(sc)
-    assert [(f.at, f.kind, f.signal) for f in faults] == [
-        (0.4, "signal", "SIGTERM"), (0.7, "signal", "SIGTERM"), (0.9, "broker-kill", "SIGKILL"),
+    assert [(f.at, f.kind, getattr(f, "signal", None)) for f in faults] == [
+        (0.4, "signal", "SIGTERM"), (0.7, "signal", "SIGTERM"), (0.9, "broker-kill", None),
         (1.0, "signal", "SIGTERM"), (1.0, "signal", "SIGSTOP"),
     ]  # fmt: skip
-    assert faults[2] == Fault(2, 0.9, -1, "broker-kill", duration=0.4) and faults[2].end == 1.3
+    assert faults[2] == Fault(2, 0.9, "broker-kill", duration=0.4) and faults[2].end == 1.3
     assert faults[4].slot == 2 and faults[4].end == 1.5  # a pause ends; a kill has no end
     assert faults[0].end is None and all(0 <= f.slot < 3 for f in faults if f.on_worker)
     assert plan(sc) == faults  # seeded
     # The command line adds a periodic group: it draws its slots first, the entries keep their times.
     more = plan(with_overrides(sc, kills=2, interval=0.25))
-    assert [f.at for f in more if f.signal == "SIGKILL" and f.on_worker] == [0.25, 0.5]
-    assert sorted(f.at for f in more if f.signal == "SIGTERM") == [0.4, 0.7, 1.0]
+    signals = [f for f in more if isinstance(f, SignalFault)]
+    assert [f.at for f in signals if f.signal == "SIGKILL"] == [0.25, 0.5]
+    assert sorted(f.at for f in signals if f.signal == "SIGTERM") == [0.4, 0.7, 1.0]
 
 
 @pytest.mark.parametrize(

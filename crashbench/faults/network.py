@@ -15,7 +15,7 @@ from typing import Any
 
 from crashbench.evidence.checker import History, Section, Sections, checker
 from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun
-from crashbench.model.faults import Fault, NetworkFaultRecord
+from crashbench.model.faults import Fault, NetworkFault, NetworkFaultRecord
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
 
@@ -42,7 +42,7 @@ def plan(entry: Entry, index: int, sc: Scenario, rng: random.Random) -> list[Fau
     toxic = {"name": entry["toxic"], "direction": entry.get("direction", "both")}
     toxic |= {k: entry[k] for k in TOXIC_ATTRIBUTES if k in entry}
     at, duration = float(entry.get("at", 0.5)), float(entry.get("duration", 0.0))
-    return [Fault(index, round(at, 6), -1, "network", target=target, duration=duration, slots=slots, toxic=toxic)]
+    return [NetworkFault(index, round(at, 6), target=target, duration=duration, slots=slots, toxic=toxic)]
 
 
 def network_option(text: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def _section(kinds: tuple[str, ...]) -> Any:
         kind = b.fault
         if kind not in kinds:
             return []
-        return [Fault(start, b.fault_at, -1, kind, duration=b.downtime if kind in WITH_DOWNTIME else 0.0)]
+        return [Fault(start, b.fault_at, kind, duration=b.downtime if kind in WITH_DOWNTIME else 0.0)]
 
     return section
 

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from crashbench.faults.family import DEFAULT_KIND, Driver, Entry, FaultFamily, FaultRun, Mark
-from crashbench.model.faults import Fault
+from crashbench.model.faults import Fault, SignalFault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
 
@@ -32,8 +32,8 @@ def periodic(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     f = sc.faults
     pause = f.pause if f.signal == "SIGSTOP" else 0.0
     return [
-        Fault(start + i, round((i + 1) * f.interval, 6), rng.randrange(sc.workload.workers), signal=f.signal,
-              kill_when=f.kill_when, target=f.kill_target, duration=pause)
+        SignalFault(start + i, round((i + 1) * f.interval, 6), slot=rng.randrange(sc.workload.workers),
+                    signal=f.signal, kill_when=f.kill_when, target=f.kill_target, duration=pause)
         for i in range(f.kills)
     ]  # fmt: skip
 
@@ -45,10 +45,10 @@ def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fau
         slot = entry["slot"] if "slot" in entry else rng.randrange(sc.workload.workers)
         signal = entry.get("signal", "SIGKILL")
         out.append(
-            Fault(start + n, round(float(entry.get("at", 0.5)) + n * every, 6), slot, signal=signal,
-                  kill_when=entry.get("kill_when", "mid-job"), target=entry.get("target", "tree"),
-                  duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0,
-                  after=entry.get("after", "start"))
+            SignalFault(start + n, round(float(entry.get("at", 0.5)) + n * every, 6), slot=slot, signal=signal,
+                        kill_when=entry.get("kill_when", "mid-job"), target=entry.get("target", "tree"),
+                        duration=float(entry.get("pause", 1.0)) if signal == "SIGSTOP" else 0.0,
+                        after=entry.get("after", "start"))
         )  # fmt: skip
     return out
 

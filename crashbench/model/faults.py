@@ -4,7 +4,7 @@ produces (crashbench.run.runner), stores (crashbench.model.timeline, crashbench.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # The broker's own kill has one name, its [[faults]] kind. Until issue 27 its [broker] fault and its
@@ -29,21 +29,18 @@ JOB_SAMPLE = 100  # ids listed per outcome class (or held at a fault) in a resul
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One planned fault: a kind, a target, a start and, where it has one, an end. Every kind goes
-    through one scheduler (crashbench.faults.injector), so faults of different kinds may overlap."""
+    """One planned fault: its place in the schedule, its kind, its start and, where it has one, its
+    length. The fault specs are one union (FaultSpec): a fault of the server (a broker or cluster
+    fault; a new family's, which may subclass this) is a Fault; a worker signal a SignalFault; a
+    network fault a NetworkFault. Every kind goes through one scheduler (crashbench.faults.injector),
+    so faults of different kinds may overlap."""
 
     index: int
     at: float  # its start, seconds after the workers start
-    slot: int  # the worker slot it hits; -1: the server, or every slot in `slots` (a network fault)
-    kind: str = "signal"  # "signal" (to a worker), "broker-kill" (the server, restarted), "failover", "network",
-    # or a cluster fault: "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover",
-    # "cluster-partition"
-    signal: str = "SIGKILL"  # a signal fault's signal
-    kill_when: str = "mid-job"  # a signal fault waits (a while) for its victim to be inside a handler
-    target: str = "tree"  # a process-tree worker's: tree, parent, child; a network fault's: workers, producer, replica
+    # "broker-kill" (the server, restarted), "failover", a cluster fault ("cluster-kill", "cluster-failover",
+    # "cluster-failover-force", "cluster-takeover", "cluster-partition"), or a subclass's own
+    kind: str = "broker-kill"
     duration: float = 0.0  # a pause's (SIGSTOP), a broker or cluster kill's downtime, a network fault's; 0: no end
-    slots: tuple[int, ...] = ()  # a network fault's worker slots (target workers; crashbench.control.proxy)
-    toxic: dict[str, Any] = field(default_factory=dict)  # ... its toxic: name, direction, attributes
     # "drained": `at` counts from the queue's drain (its restarts then meet an idle machine at any job count)
     after: str = "start"
 
@@ -53,7 +50,64 @@ class Fault:
 
     @property
     def on_worker(self) -> bool:
-        return self.kind == "signal"
+        return False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalFault(Fault):
+    """A signal to the worker in one slot (crashbench.faults.signals)."""
+
+    kind: str = "signal"
+    slot: int  # the worker slot it hits
+    signal: str = "SIGKILL"
+    kill_when: str = "mid-job"  # it waits (a while) for its victim to be inside a handler
+    target: str = "tree"  # a process-tree worker's: tree, parent, child
+
+    @property
+    def on_worker(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkFault(Fault):
+    """A toxic or a partition on connections (crashbench.faults.network)."""
+
+    kind: str = "network"
+    target: str = "workers"  # workers (those in `slots`), producer, replica (the replica link)
+    slots: tuple[int, ...] = ()  # the worker slots it cuts (target workers; crashbench.control.proxy)
+    toxic: dict[str, Any] = field(default_factory=dict)  # name, direction, attributes
+
+
+FaultSpec = Fault | SignalFault | NetworkFault  # a planned fault, of whichever family
+
+# How a planned fault was written before the union (every kind's fields, in this order): results and
+# timelines keep this shape, so files written before and after read alike, and stay comparable.
+_LEGACY = {"slot": -1, "signal": "SIGKILL", "kill_when": "mid-job", "target": "tree", "slots": (), "toxic": {}}
+_ORDER = ("index", "at", "slot", "kind", "signal", "kill_when", "target", "duration", "slots", "toxic", "after")
+
+
+def fault_dict(f: Fault) -> dict[str, Any]:
+    """A planned fault as results and timelines store it: every key of every kind, the inapplicable at
+    their defaults."""
+    own = {name: getattr(f, name) for name in _ORDER if hasattr(f, name)}
+    return {name: own.get(name, _LEGACY.get(name)) for name in _ORDER}
+
+
+def fault_class(kind: str) -> type[Fault]:
+    """The record a planned fault of this kind is."""
+    return {"signal": SignalFault, "network": NetworkFault}.get(kind, Fault)
+
+
+def fault_of(data: dict[str, Any]) -> Fault:
+    """A planned fault from its stored form (fault_dict), as the record of its kind; keys of other
+    kinds are left out. Raises TypeError or KeyError on a shape that is no fault's."""
+    kind = str(broker_fault_name(data.get("kind", "signal")))
+    cls = fault_class(kind)
+    names = {f.name for f in fields(cls)}
+    values = {k: v for k, v in data.items() if k in names}
+    if "slots" in values:
+        values["slots"] = tuple(values["slots"])
+    return cls(**{**values, "kind": kind})
 
 
 @dataclass(slots=True)

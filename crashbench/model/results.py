@@ -23,6 +23,7 @@ from crashbench.model.faults import Fault as Fault
 from crashbench.model.faults import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.model.faults import SignalRecord as SignalRecord
 from crashbench.model.faults import WorkerExit as WorkerExit
+from crashbench.model.faults import broker_fault_name, fault_class, fault_dict
 from crashbench.model.stored import Consumer
 from crashbench.model.timeline import Timeline
 
@@ -255,6 +256,7 @@ class Result:
             del raw["timeline"]
         for run, raw in zip(self.runs, data["runs"], strict=True):
             raw["timings"]["ratio_to_ideal"] = round(run.timings.ratio_to_ideal, 4)
+            raw["schedule"] = jsonable([fault_dict(f) for f in run.schedule])  # every kind's keys, as ever
         data["status"] = self.status
         # schema first: a reader should know what it holds before anything else
         return {"schema": data.pop("schema"), "schema_version": data.pop("schema_version"), **data}
@@ -322,6 +324,11 @@ def _build(tp: Any, data: Any, where: str = "result") -> Any:
     def wrong(expected: str) -> ResultFormatError:
         return ResultFormatError(f"{where}: expected {expected}, got {type(data).__name__}")
 
+    if tp is Fault:  # the union of fault specs: the record of its kind
+        if not isinstance(data, dict) or not isinstance(data.get("kind", "signal"), str):
+            raise wrong("a fault")
+        kind = str(broker_fault_name(data.get("kind", "signal")))
+        tp, data = fault_class(kind), {**data, "kind": kind}
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise wrong("an object")

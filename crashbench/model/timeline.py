@@ -55,7 +55,15 @@ from crashbench import files
 from crashbench.jobids import JobIds
 from crashbench.model.counts import Problem
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
-from crashbench.model.faults import BrokerFaultRecord, Fault, NetworkFaultRecord, SignalRecord, WorkerExit
+from crashbench.model.faults import (
+    BrokerFaultRecord,
+    Fault,
+    NetworkFaultRecord,
+    SignalRecord,
+    WorkerExit,
+    fault_dict,
+    fault_of,
+)
 from crashbench.model.ledger import LedgerProblem
 from crashbench.model.queue import Located, QueueState, Receipts, StreamEnd
 from crashbench.model.stored import Consumer
@@ -219,7 +227,7 @@ class Timeline:
         for worker, t in self.ready.items():
             yield {"e": "ready", "t": t, "worker": worker}
         for p in self.planned:
-            yield {"e": "planned", **asdict(p)}
+            yield {"e": "planned", **fault_dict(p)}
         for k in self.signals:  # as executed: what the counting derives from them is not evidence
             yield {"e": "signal", **asdict(k), "replacement_ready_ms": None, "recovered_after_ms": None}
         for nf in self.network:  # as executed: what the counting derives from them is not evidence
@@ -353,7 +361,7 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
     elif e == "ready":
         tl.ready[d["worker"]] = d["t"]
     elif e == "planned":
-        tl.planned.append(Fault(**{**d, "slots": tuple(d.get("slots", ()))}))
+        tl.planned.append(fault_of(d))
     elif e in ("signal", "kill"):  # "kill": its name before issue 27
         tl.signals.append(SignalRecord(**d))
     elif e == "net":

@@ -34,6 +34,7 @@ from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
 from crashbench.jobids import JobIds
+from crashbench.model.faults import NetworkFault
 from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.model.results import DesignRun, WorkerExit
 from crashbench.model.spec import Scenario
@@ -148,7 +149,7 @@ class CrashRun:
         self.drivers: dict[str, Driver] = {}
         self.net = RunNetwork()  # the proxy or the namespaces, started first when the run has network faults
         # The producer enqueues during the run when asked, or when a broker fault or a fault on it may meet it.
-        on_producer = any(f.target == "producer" for f in self.planned)
+        on_producer = any(isinstance(f, NetworkFault) and f.target == "producer" for f in self.planned)
         self.producing = self.broker is not None or self.sc.workload.produce == "during" or on_producer
         self.producer: Producer | None = None
         self.worker_faults = WorkerFaults(
