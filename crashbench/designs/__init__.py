@@ -232,6 +232,8 @@ class LibraryDesign(Design):
     # Cluster the design is then given the cluster, and picks that client (`on_cluster`). Else it is given
     # one primary's URL, as the library's users would give it the cluster, and its error is the answer.
     cluster_client: ClassVar[bool] = False
+    # True when the adapter runs the user's own app ([app]: crashbench.designs.app) as well as crashbench's handler.
+    runs_apps: ClassVar[bool] = False
 
     def on_cluster(self) -> bool:
         """Whether this run's client is a Redis Cluster's (crashbench.control.connect)."""
@@ -290,6 +292,15 @@ class LibraryDesign(Design):
         ledger."""
 
 
+def check_app(cls: type[Design], spec: str, settings: DesignSettings) -> None:
+    """Refuse an [app] for a design that cannot run one: crashbench's own designs run its handler."""
+    if settings.task and not getattr(cls, "runs_apps", False):
+        raise UsageError(
+            f"{spec} cannot run your app (--app/--task): it is not a library adapter that runs one",
+            hint=f"give --design one of: {', '.join(APP_LIBRARIES)}",
+        )
+
+
 def library_settings(design: Design) -> tuple[dict[str, Any], list[str]]:
     """A library design's configuration in effect and its warnings for this workload; nothing for a
     built-in design (crashbench's own settings are in the scenario)."""
@@ -325,6 +336,8 @@ BUILTIN: dict[str, str] = {
     "saq": "crashbench.designs.saqlib:SaqQueue",
     "saq:reliable": "crashbench.designs.saqlib:SaqReliable",
 }
+# The library adapters that run a user's app (their class sets runs_apps; tests/test_app.py holds them equal).
+APP_LIBRARIES: tuple[str, ...] = ("celery", "rq")
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",

@@ -27,6 +27,12 @@ seconds (10 x 10 s as installed): a message comes back up to visibility + interv
                      task_acks_late + task_reject_on_worker_lost, prefetch x1, visibility_timeout
                      above the longest job (LibraryDesign.job_timeout: 1 s for the default 10 ms
                      jobs), and the restore sweep every second (interval 1, throttle 1)
+
+With an [app] (crashbench.designs.app), the user's Celery app runs as the user configured it (acks,
+prefetch, pool, visibility timeout), with its broker (and a Redis result backend) pointed at the run's
+server and kombu's global_keyprefix set to the run's namespace; every job is sent to its default queue
+(task_default_queue, "celery" unless set: P <that queue> above). The ledger comes from Celery's own
+task_prerun / task_postrun signals, in the process that runs the task.
 """
 
 from __future__ import annotations
@@ -38,11 +44,14 @@ from typing import Any, ClassVar
 
 import redis
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import task_postrun, task_prerun, worker_ready
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import app as user
 from crashbench.designs.handler import handle
+from crashbench.errors import UsageError
 from crashbench.model.stored import Snapshot
+from crashbench.redact import redact_url
 
 QUEUE = "jobs"
 TASK = "crashbench.handle"
@@ -68,15 +77,43 @@ class CeleryQueue(LibraryDesign):
     summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
     library = "celery"
     acks_late: ClassVar[bool] = False
+    runs_apps = True
     # No retries are configured: a task that raised is acked (early, or late: task_acks_on_failure_or_timeout).
     drops_failed = True
     DEFAULT_CONCURRENCY = os.cpu_count() or 1  # Celery's worker_concurrency default: the CPU count
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
+        self.queue, self.task = QUEUE, TASK
+        if settings.app:
+            self.app = self._user_app()
+            return
         self.app = Celery("crashbench", broker=self.url(), set_as_current=False)
         self.app.conf.update(self._config())
         self.app.task(name=TASK, ignore_result=True)(handle)
+
+    def _user_app(self) -> Celery:
+        """The user's app, pointed at the run's server, in the run's namespace; its own settings kept."""
+        spec, app = self.settings.app, user.importable(self.settings.app, "app")
+        if not isinstance(app, Celery):
+            raise UsageError(f"app {spec} is a {type(app).__name__}, not a Celery app (celery.Celery)")
+        broker = str(app.conf.broker_url or "redis://")
+        if not broker.startswith(("redis://", "rediss://", "redis+socket://")):
+            raise UsageError(f"app {spec} uses the broker {redact_url(broker)}: crashbench tests it on Redis only")
+        if (task := app.tasks.get(self.settings.task)) is None:
+            names = sorted(n for n in app.tasks if not n.startswith("celery."))
+            raise UsageError(f"app {spec} has no task {self.settings.task!r}", hint=f"its tasks: {', '.join(names)}")
+        transport = {**(app.conf.broker_transport_options or {}), "global_keyprefix": self.prefix}
+        conf = {"broker_url": self.url(), "broker_read_url": None, "broker_write_url": None,
+                "broker_transport_options": transport, "worker_hijack_root_logger": False,
+                "broker_connection_retry_on_startup": True}  # fmt: skip
+        if str(app.conf.result_backend or "").startswith(("redis://", "rediss://")):
+            conf["result_backend"] = self.url()
+        if self.settings.concurrency:
+            conf["worker_concurrency"] = self.settings.concurrency
+        app.conf.update(conf)
+        self.queue, self.task = app.conf.task_default_queue, task.name
+        return app
 
     def _config(self) -> dict[str, Any]:
         transport: dict[str, Any] = {"global_keyprefix": self.prefix}
@@ -131,15 +168,24 @@ class CeleryQueue(LibraryDesign):
     def enqueue(self, jobs: Sequence[Job]) -> None:
         with self.app.producer_or_acquire() as producer:
             for job in jobs:
-                self.app.send_task(TASK, args=(job.id,), task_id=job.id, queue=QUEUE, producer=producer)
+                args, kwargs = user.arguments(job) if self.settings.app else ([job.id], {})
+                self.app.send_task(
+                    self.task, args=args, kwargs=kwargs, task_id=job.id, queue=self.queue, producer=producer
+                )
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         worker_ready.connect(lambda **_: ready(), weak=False)  # consumer started, pool up
+        if self.settings.app:  # the ledger from Celery's own signals, in the pool process that runs the task
+            task_prerun.connect(lambda task_id="", **_: user.started(task_id), weak=False)
+            task_postrun.connect(
+                lambda task_id="", state="", **_: (user.ended if state == "SUCCESS" else user.failed)(task_id),
+                weak=False,
+            )
         self.app.Worker(
             hostname=f"{worker}@crashbench",
-            pool="prefork",
+            pool=self.app.conf.worker_pool or "prefork",
             concurrency=self.app.conf.worker_concurrency,
-            queues=[QUEUE],
+            queues=[self.queue],
             loglevel="WARNING",
             without_mingle=True,
             without_gossip=True,
@@ -147,17 +193,17 @@ class CeleryQueue(LibraryDesign):
         ).start()
 
     def backlog(self) -> int:
-        return int(self.r.llen(self.key(QUEUE)) + self.r.hlen(self.key("unacked")))
+        return int(self.r.llen(self.key(self.queue)) + self.r.hlen(self.key("unacked")))
 
     def state(self) -> QueueState:
-        held = {json.loads(raw)["headers"]["id"]: "queue" for raw in self.r.lrange(self.key(QUEUE), 0, -1)}
+        held = {json.loads(raw)["headers"]["id"]: "queue" for raw in self.r.lrange(self.key(self.queue), 0, -1)}
         for raw in self.r.hvals(self.key("unacked")):
             held[json.loads(raw)[0]["headers"]["id"]] = "unacked"
         return QueueState(held=held)
 
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
-        queue = self.key(QUEUE)
+        queue = self.key(self.queue)
         for name, stored in snapshot.keys.items():
             if stored.type == "list" and (name == queue or name.startswith(queue + PRIORITY_SEP)):
                 for raw in stored.items:

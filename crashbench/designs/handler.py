@@ -23,7 +23,7 @@ class JobFailed(Exception):
     """The workload says this attempt of the job fails."""
 
 
-def _context() -> tuple[LedgerWriter, Workload]:
+def context() -> tuple[LedgerWriter, Workload]:
     global _opened
     # No lock: two threads racing here open the file twice, and both writers append whole records
     # all the same; a lock held by another thread at fork time would hang the forked child instead.
@@ -37,7 +37,7 @@ def _context() -> tuple[LedgerWriter, Workload]:
 
 
 def handle(job_id: str, attempt: int = 1) -> None:
-    ledger, workload = _context()
+    ledger, workload = context()
     ledger.start(job_id, time.monotonic())
     time.sleep(workload.duration_s(job_id))
     if workload.fails(job_id, attempt):

@@ -40,6 +40,11 @@ job_timeout (180 s as installed) is a hard limit: the horse is killed and the jo
                   job_monitoring_interval 1 s, worker_ttl 16 s (idle dequeues of 1 s), so an abandoned
                   job is retried about 61 s after the kill; job_timeout RQ's 180 s, or above the
                   longest job where that is longer
+
+With an [app] (crashbench.designs.app), RQ enqueues the user's function by its dotted path (--task
+module.function, or --app MODULE --task function) with each job's payload, under the same retries and
+timeouts; the ledger comes from RQ's own worker, a subclass whose perform_job (in the work horse)
+records each job's start and whether RQ ran it to success.
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import app as user
 from crashbench.designs.handler import handle
+from crashbench.errors import UsageError
 from crashbench.model.stored import Snapshot
 
 
@@ -78,6 +85,8 @@ class RQQueue(LibraryDesign):
     job_monitoring_interval: ClassVar[int] = 30
     worker_ttl: ClassVar[int] = 420  # an idle worker blocks worker_ttl - 15 s in its dequeue, skipping maintenance
     RQ_JOB_TIMEOUT: ClassVar[float] = 180  # RQ's Queue.DEFAULT_TIMEOUT
+    runs_apps = True
+    TASK = "crashbench.designs.rqlib.run_job"
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -87,6 +96,18 @@ class RQQueue(LibraryDesign):
         # RQ job ids (queue name + "-" + crashbench's id) may hold letters, digits, "_" and "-" only.
         self.qname = "crashbench-" + re.sub(r"[^A-Za-z0-9_-]+", "-", prefix.removeprefix("crashbench:")).strip("-")
         self.queue = Queue(self.qname, connection=self.raw)
+        self.task = self._user_task() if settings.task else self.TASK
+
+    def _user_task(self) -> str:
+        """The user's function, by the dotted path RQ enqueues it by; imported here to check it exists."""
+        app, task = self.settings.app.partition(":")[0], self.settings.task.replace(":", ".")
+        path = task if "." in task or not app else f"{app}.{task}"
+        module, _, name = path.rpartition(".")
+        if not module:
+            raise UsageError(f"task {task!r}: give the function's dotted path, module.function (or --app MODULE)")
+        if not callable(getattr(user.import_module(module, "task"), name, None)):
+            raise UsageError(f"task {path!r}: module {module!r} has no function {name!r}")
+        return path
 
     def _rq_id(self, job_id: str) -> str:
         return f"{self.qname}-{job_id}"
@@ -129,8 +150,8 @@ class RQQueue(LibraryDesign):
         retry = Retry(max=retries) if retries else None
         data = [
             Queue.prepare_data(
-                "crashbench.designs.rqlib.run_job",
-                args=(j.id,),
+                self.task,
+                *(user.arguments(j) if self.settings.task else ((j.id,), {})),
                 job_id=self._rq_id(j.id),
                 retry=retry,
                 timeout=math.ceil(self._timeout()),
@@ -141,10 +162,20 @@ class RQQueue(LibraryDesign):
         self.queue.enqueue_many(data)
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        job_id, app = self._job_id, bool(self.settings.task)
+
         class ReadyWorker(Worker):
             def bootstrap(self, *args: Any, **kwargs: Any) -> None:
                 super().bootstrap(*args, **kwargs)
                 ready()  # registered and about to dequeue
+
+            def perform_job(self, job: RQJob, queue: Queue) -> bool:
+                if not app:  # crashbench's handler writes its own ledger
+                    return bool(super().perform_job(job, queue))
+                user.started(job_id(job.id))  # in the work horse: the user's task is about to run
+                ok = bool(super().perform_job(job, queue))
+                (user.ended if ok else user.failed)(job_id(job.id))
+                return ok
 
         ReadyWorker(
             [self.queue],

@@ -21,6 +21,7 @@ from crashbench.evidence import counts as counting
 from crashbench.evidence import signaled
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
+from crashbench.evidence.effects import effects as _effects
 from crashbench.model.counts import Counts
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
 from crashbench.model.faults import JOB_SAMPLE
@@ -151,7 +152,7 @@ def _recovery(h: History, before: Sections) -> Section:
 
 
 # The core checkers; each fault family adds its own after them (crashbench.faults.registry.checkers).
-CHECKERS: tuple[Checker, ...] = (_signals, _evidence, _outcomes, _requeues, _trim, _recovery)
+CHECKERS: tuple[Checker, ...] = (_signals, _evidence, _outcomes, _requeues, _trim, _recovery, _effects)
 
 
 def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:

@@ -75,6 +75,14 @@ class Counts:
     # consumers the streams' groups still held at the harness's final reading (XINFO CONSUMERS): a
     # name stays until deleted, so without a cleanup each killed consumer is left behind
     consumers: int = 0
+    # the user's own evidence: their check of their system of record, called with each job's payload after
+    # the run ([app] check; crashbench.evidence.effects); 0 without a check
+    effect_checked: int = 0  # enqueued jobs the check was asked about (every one, when the run had a check)
+    effect_missing: int = 0  # ... whose effect the check does not find
+    effect_duplicated: int = 0  # ... finds more than once (the task's side effect ran twice)
+    # ... whose effect count and the ledger's completions disagree (none, once, more than once): an effect
+    # written by an attempt killed before it completed, or a duplicate run the app absorbed
+    effect_disagrees: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,9 @@ class DesignSettings:
     # crashbench's own workers: socket and connect timeout of their connection, seconds;
     # longer than their blocking pop, so a half-open connection becomes a reconnect, not a hang. 0: none.
     socket_timeout: float = 5.0
+    # Library adapters: the user's own app and task ([app]; crashbench.designs.app), else crashbench's handler.
+    app: str = ""
+    task: str = ""
     # Library adapters: the scenario's [library."<design>"] table, passed to the library as its settings.
     options: dict[str, Any] = field(default_factory=dict)
 

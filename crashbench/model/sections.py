@@ -1,6 +1,7 @@
 """The scenario's sections, one record each, as a scenario file has them: `[workload]` (what the jobs
 are), `[faults]` (the worker signals), `[queue]` (the design's settings), `[broker]` (the server's own
-fault) and `[run]` (designs and the observation window). Each field is a key of its section, named as
+fault), `[run]` (designs and the observation window) and `[app]` (the user's own app and task under a
+library adapter, its payloads and its own evidence). Each field is a key of its section, named as
 the file names it, with its default (the lesson's crash test). crashbench.model.spec.Scenario holds one
 of each; a result stores them flat, one name per key (`FIELD_SECTION` says which section a name is in).
 """
@@ -93,9 +94,20 @@ class RunSpec:
     designs: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class AppSpec:
+    """The user's own app under a library adapter (crashbench.designs.app): empty, crashbench's handler."""
+
+    app: str = ""  # module:attr of the app (a Celery app, a Dramatiq broker, ...); for RQ a module, or none
+    task: str = ""  # the task to enqueue: its registered name, or a function's dotted path (RQ)
+    payloads: str = ""  # a JSONL file (one payload per job) or module:function(n) -> payload; none: the job number
+    check: str = ""  # module:function(payload) -> how many times its effect exists: the user's own evidence
+
+
 # Each section's record, in the file's order (the order a result stores their fields in).
 SECTION_RECORDS: dict[str, type] = {
     "workload": WorkloadSpec, "faults": FaultsSpec, "queue": QueueSpec, "broker": BrokerSpec, "run": RunSpec,
+    "app": AppSpec,
 }  # fmt: skip
 # Every section field by its flat name (as a result stores it, and the command line names it), and its section.
 FIELDS: dict[str, dataclasses.Field[Any]] = {

@@ -2,8 +2,8 @@
 validates the TOML into this record). It holds the file's sections, in the file's order, each a
 record of its own (crashbench.model.sections): workload (what the jobs are), faults (the worker
 signals), queue (the design's settings), broker (the server's own fault), run (designs and the
-observation window); then expect (thresholds per design) and library (a library's own settings per
-design). Every field has a default (the lesson's crash test).
+observation window), app (the user's own app and task); then expect (thresholds per design) and
+library (a library's own settings per design). Every field has a default (the lesson's crash test).
 A result stores it flat, one name per key (`to_dict`: `jobs`, not `workload.jobs`), and `from_dict`
 reads it back for a replay or a recount; `of`, `replace` and `value` take the same flat names.
 """
@@ -22,6 +22,7 @@ from crashbench.model.faults import BROKER_KILL
 from crashbench.model.queue import DesignSettings
 from crashbench.model.sections import FIELD_SECTION as FIELD_SECTION
 from crashbench.model.sections import SECTION_RECORDS as SECTION_RECORDS
+from crashbench.model.sections import AppSpec as AppSpec
 from crashbench.model.sections import BrokerSpec as BrokerSpec
 from crashbench.model.sections import FaultsSpec as FaultsSpec
 from crashbench.model.sections import QueueSpec as QueueSpec
@@ -49,6 +50,7 @@ class Scenario:
     queue: QueueSpec = field(default_factory=QueueSpec)
     broker: BrokerSpec = field(default_factory=BrokerSpec)
     run: RunSpec = field(default_factory=RunSpec)
+    app: AppSpec = field(default_factory=AppSpec)
     expect: dict[str, tuple[Threshold, ...]] = field(default_factory=dict)  # design -> its thresholds
     library: dict[str, dict[str, Any]] = field(default_factory=dict)  # design -> the library's own settings
 
@@ -81,6 +83,8 @@ class Scenario:
         given = {k: v for section in (self.queue, self.broker) for k, v in flat(section).items() if k in _SETTINGS}
         return DesignSettings(
             **given,
+            app=self.app.app,
+            task=self.app.task,
             options=self.library.get(design, {}),
             stream_approximate=self.queue.stream_trim == "approximate",
             longest_job=self.workload.longest_job_s,
@@ -130,7 +134,8 @@ class Scenario:
         for key in ("name", "description", "source", "seed"):
             data.pop(key)
         # Settings added later, at their defaults: older results keep their fingerprint.
-        for key, default in (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before")):
+        later = (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before"))
+        for key, default in (*later, *((name, "") for name in flat(AppSpec()))):
             if data[key] == default:
                 data.pop(key)
         if data["fault"] == BROKER_KILL:  # hashed by its old name: older results keep their fingerprint

@@ -34,6 +34,8 @@ result follow each other, each opened by its `run` line:
                stopped and nowhere after, counted where they were (crashbench.run.reading)
     reading_problem  where that search and the design's reading disagreed: check, message, ids
     state      the design's own final report
+    effects    the user's own evidence ([app] check): check, checked, counts (job -> times its effect
+               exists, for each job where that is not once)
     end        the run's end: faults_end, drained_at (the drain's end), drained, cut_off, inspect_s, workdir;
                after a drain, settled_at, backlog_after and held_at_drain (the watch after it, and the ids
                Redis held as it began: crashbench.run.drain)
@@ -179,6 +181,7 @@ class Timeline:
     held_at_drain: list[str] | None = None  # the ids Redis held as the watch began (None: not read)
     inspect_s: float = 0.0
     workdir: str | None = None
+    effects: dict[str, Any] | None = None  # the user's check's answers (crashbench.run.effects); None: no check
 
     # -- what the counts read ------------------------------------------------------------------
 
@@ -264,6 +267,8 @@ class Timeline:
             "e": "state", "held": st.held, "dead_lettered": sorted(st.dead_lettered), "failed": sorted(st.failed),
             "poisoned": sorted(st.poisoned), "requeued": sorted(st.requeued), "requeue_events": st.requeue_events,
         }  # fmt: skip
+        if self.effects is not None:
+            yield {"e": "effects", **self.effects}
         yield {
             "e": "end", "faults_end": self.faults_end, "drained_at": self.drained_at, "drained": self.drained,
             "cut_off": self.cut_off, "inspect_s": self.inspect_s, "workdir": self.workdir,
@@ -398,6 +403,8 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
             d["held"], set(d["dead_lettered"]), set(d["failed"]), set(d["poisoned"]), set(d["requeued"]),
             d["requeue_events"],
         )  # fmt: skip
+    elif e == "effects":
+        tl.effects = {"check": str(d["check"]), "checked": int(d["checked"]), "counts": dict(d["counts"])}
     elif e == "end":
         tl.faults_end, tl.drained_at, tl.drained = d["faults_end"], d["drained_at"], d["drained"]
         tl.cut_off, tl.inspect_s, tl.workdir = d["cut_off"], d["inspect_s"], d["workdir"]

@@ -14,6 +14,7 @@ from crashbench.model.results import DesignRun, Result
 from crashbench.model.results import label as label_of
 from crashbench.model.timeline import Timeline
 from crashbench.report import lanes, tables
+from crashbench.report.rows import effect_note
 from crashbench.report.svg import XMLNS, Scale, axis, depth_panel, esc, fmt_count, num, rate_panel, time_span
 
 WIDTH = 1200  # the viewBox width of every chart; the page scales them to the window
@@ -195,6 +196,8 @@ def _section(result: Result, run: DesignRun | None, tl: Timeline, scale: Scale, 
         out.append(f'<p class="note">{drawn.unplaced:,} executions by workers no spawn record names are not drawn.</p>')
     if tl.warnings:
         out += [f'<p class="note">{esc(w)}</p>' for w in tl.warnings]
+    if run is not None and (note := effect_note(run)):
+        out.append(f'<p class="note">{esc(note)}</p>')
     out.append(svg)
     out.append("</section>")
     return "".join(out)

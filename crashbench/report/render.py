@@ -16,7 +16,8 @@ from crashbench.model.faults import NetworkFaultRecord, broker_fault_text
 from crashbench.model.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.model.results import label as label_of
 from crashbench.model.thresholds import coverage
-from crashbench.report.rows import ALARM, OPTIONAL, ROWS, threshold_detail
+from crashbench.report import rows as table_rows
+from crashbench.report.rows import ALARM, ROWS, effect_note, threshold_detail
 from crashbench.run.progress import Progress
 
 IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
@@ -93,7 +94,7 @@ def result_table(result: Result, plain: bool = False) -> Group:
         table.add_column(Text(name), justify="right")  # a design's name is data, never markup
     failed = {name: _failed_metrics(result, name) for name in groups}
     for label, key in ROWS:
-        if key in OPTIONAL and not any(getattr(run.counts, key) for run in result.runs):
+        if not table_rows.shown(key, result.runs):
             continue
         cells = []
         for name, runs in groups.items():
@@ -167,6 +168,8 @@ def result_table(result: Result, plain: bool = False) -> Group:
                     style="yellow",
                 )
             )
+        if note := effect_note(run, IDS_SHOWN):
+            parts.append(Text(f"{name}: {note}", style="yellow"))
         for where, n in run.counts.stranded_at.items():
             parts.append(Text(f"{name}: {n} stranded in {where}", style="yellow"))
         if run.consumers:

@@ -3,7 +3,9 @@ report (tables.py). No rich here: the HTML report is core-side."""
 
 from __future__ import annotations
 
-from crashbench.model.results import ThresholdResult, number
+from collections.abc import Sequence
+
+from crashbench.model.results import DesignRun, ThresholdResult, number
 
 # (label, count field) in display order; outcome classes first, then events.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -41,10 +43,15 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("stuck workers", "stuck_workers"),
     ("library disagrees", "library_disagrees"),
     ("consumers left", "consumers"),
+    ("your check: jobs checked", "effect_checked"),
+    ("  effect missing", "effect_missing"),
+    ("  effect duplicated", "effect_duplicated"),
+    ("  disagrees with the ledger", "effect_disagrees"),
 )
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
-    "undrained", "worker_crashes", "library_disagrees", "stuck_workers",
+    "undrained", "worker_crashes", "library_disagrees", "stuck_workers", "effect_missing", "effect_duplicated",
+    "effect_disagrees",
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
@@ -53,6 +60,15 @@ OPTIONAL = {
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
     "trimmed", "trimmed_unread", "trimmed_pending", "consumers",
 }  # fmt: skip
+# Shown whenever some run had the user's check ([app] check), zero or not: "no duplicate effect" is its answer.
+WITH_CHECK = {"effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees"}
+
+
+def shown(key: str, runs: Sequence[DesignRun]) -> bool:
+    """Whether the tables show count `key` for these runs."""
+    if key in WITH_CHECK:
+        return any(run.counts.effect_checked for run in runs)
+    return key not in OPTIONAL or any(getattr(run.counts, key) for run in runs)
 
 
 def threshold_detail(t: ThresholdResult) -> str:
@@ -67,3 +83,17 @@ def threshold_detail(t: ThresholdResult) -> str:
     if t.note:
         text += f"; {t.note}"
     return text
+
+
+def effect_note(run: DesignRun, shown_ids: int = 10) -> str | None:
+    """What the user's check and the ledger disagree on ([app] check), in one sentence; None when nothing."""
+    c = run.counts
+    if not c.effect_disagrees:
+        return None
+    ids = run.jobs.get("effect_disagrees", [])
+    listed = ", ".join(ids[:shown_ids]) + (" ..." if len(ids) > shown_ids else "")
+    return (
+        f"your check and the ledger disagree on {c.effect_disagrees} jobs: the effect exists (none, once, more) "
+        "otherwise than the task completed (an effect written by an attempt killed before it returned, or a re-run "
+        f"the app absorbed): {listed}"
+    )

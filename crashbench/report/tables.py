@@ -20,7 +20,6 @@ from crashbench.report.svg import esc
 # marks a row that breaks down the one above it; a run that never ran again is an alarm here too.
 ROWS: tuple[tuple[str, str], ...] = (*table_rows.ROWS, ("kills", "kills"), ("  mid-job", "kills_mid_job"))
 ALARM = table_rows.ALARM | {"unrecovered"}
-OPTIONAL = table_rows.OPTIONAL
 MARK = {"pass": "✓", "fail": "✗", "inconclusive": "?"}
 
 
@@ -56,7 +55,7 @@ def counts(result: Result) -> str:
     out = [f'<table class="counts"><thead><tr><th></th>{heads}</tr></thead><tbody>']
     failed = {label_of(r): _failed_metrics(result, label_of(r)) for r in runs}
     for text, key in ROWS:
-        if key in OPTIONAL and not any(getattr(r.counts, key) for r in runs):
+        if not table_rows.shown(key, runs):
             continue
         cls, shown = _row_label(text)
         cells = []

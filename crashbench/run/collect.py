@@ -9,6 +9,7 @@ from typing import Any
 from crashbench.faults import registry
 from crashbench.model.queue import Located, carry
 from crashbench.model.timeline import DesignFlags, Enqueue, Mark, Spawn, Timeline, rel
+from crashbench.model.workload import job_ids
 from crashbench.run import reading
 
 # The crash run these read (crashbench.run.runner.CrashRun, which calls them): named, not imported.
@@ -64,7 +65,7 @@ def timeline(
         faults_end=rel(faults_end, t0), drained_at=rel(drained_at, t0), drained=drained, cut_off=cut_off,
         settled_at=None if settled is None else rel(settled[0], t0),
         backlog_after=-1 if settled is None else settled[1], held_at_drain=None if settled is None else settled[2],
-        inspect_s=round(run.inspect_s, 4),
+        inspect_s=round(run.inspect_s, 4), effects=run.app.effects(job_ids(run.sc.workload.jobs)),
         workdir=str(run.dir) if run.keep_dir else None,
         **history,
     )  # fmt: skip

@@ -25,7 +25,7 @@ from crashbench.control import connect, workdirs
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.server import cleanup_keys
 from crashbench.control.supervisor import Supervisor
-from crashbench.designs import Design, load_design
+from crashbench.designs import Design, check_app, load_design
 from crashbench.model.ledger import Ledger
 from crashbench.model.queue import DesignSettings
 from crashbench.model.workload import Workload
@@ -68,6 +68,7 @@ class Harness:
         workers: Workers = Workers(),
     ) -> None:
         self.cls: type[Design] = load_design(spec)
+        check_app(self.cls, spec, settings)
         self.url, self.prefix, self.settings = url, prefix, settings
         self.client = connect.connect(url, decode_responses=True)
         self.design: Design = self.cls(self.client, prefix, settings)

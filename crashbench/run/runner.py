@@ -11,7 +11,6 @@ whatever happened.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from crashbench.model.faults import NetworkFault
 from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.model.results import DesignRun, WorkerExit
 from crashbench.model.spec import Scenario
-from crashbench.model.workload import job_ids, jobs_for
+from crashbench.model.workload import job_ids
 from crashbench.run import collect, reading
 from crashbench.run.drain import WATCH_S, drain, watch
+from crashbench.run.effects import AppRun
 from crashbench.run.harness import Harness, Workers
 from crashbench.run.network import RunNetwork
 from crashbench.run.producer import Producer, Through
@@ -110,7 +110,8 @@ class CrashRun:
         byte for (crashbench.evidence.search); this process strips it again on the way in."""
         self.token = jobids.token()
         jobids.register(self.token)
-        self.jobs_for = functools.partial(jobs_for, token=self.token)
+        self.app = AppRun(self.sc, self.token)  # the user's app's payloads and check, when it has one
+        self.jobs_for = self.app.jobs_for
         self.needle = Needle(self.token)
 
     def _design_url(self) -> str:

@@ -8,6 +8,7 @@
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
                 batch_size, concurrency, shards, stream_maxlen, stream_trim
     [run]       drain_timeout, designs
+    [app]       app, task, payloads, check   (your own app under a library adapter: crashbench.designs.app)
     [expect.<design>]  <metric> = <number> | "<op> <value>"   (thresholds: crashbench.model.thresholds)
     [library.<design>] settings passed to a queue library as its own (Celery conf, RQ worker, ...)
 
@@ -112,7 +113,7 @@ def problems_of(sc: Scenario) -> list[str]:
     if NUMBERS["socket_timeout"].accepts(timeout) and 0 < timeout <= BLOCKING_POP_S:
         p.append(f"queue.socket_timeout must be 0 (none) or longer than a worker's blocking pop ({BLOCKING_POP_S} s)")
     p += [q for family in registry.FAMILIES for q in family.combinations(sc)]
-    p += _bounds(sc)
+    p += _bounds(sc) + _app(sc)
     lag, at, fault = sc.broker.replica_lag, sc.broker.fault_at, sc.broker.fault
     if NUMBERS["replica_lag"].accepts(lag) and NUMBERS["fault_at"].accepts(at):  # else reported above
         if lag and fault in ("none", "broker-kill"):
@@ -155,6 +156,16 @@ def _bounds(sc: Scenario) -> list[str]:
         v = getattr(sc, name)
         if isinstance(v, str) and len(v) > most:
             p.append(f"{name} is {len(v):,} characters long (at most {most:,})")
+    return p
+
+
+def _app(sc: Scenario) -> list[str]:
+    """[app]: strings; a task whenever anything else of it is given (the app itself is loaded, and its
+    task looked up, by the library adapter: crashbench.designs.app)."""
+    values = {name: sc.value(name) for name in SECTIONS["app"]}
+    p = [f"app.{k} must be a string, not {_show(v)}" for k, v in values.items() if not isinstance(v, str)]
+    if not p and not values["task"] and any(values.values()):
+        p.append("app.task is missing: name the task of your app to enqueue (--task)")
     return p
 
 

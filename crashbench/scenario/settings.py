@@ -21,6 +21,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
     "run": ("drain_timeout", "designs"),
+    "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",

@@ -1,0 +1,7 @@
+"""A small order service, crash-tested with crashbench (docs/tutorial-your-app.md).
+
+Placing an order writes a row to SQLite and then does slower work (say, charging the card). The
+naive task writes a new row every time it runs; the idempotent one writes the order's row once,
+however many times it runs (INSERT OR IGNORE on the order id). Both exist for Celery (celery_app.py)
+and RQ (rq_tasks.py); `check.rows` counts an order's rows: crashbench's --check.
+"""
