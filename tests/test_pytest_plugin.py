@@ -130,7 +130,8 @@ def test_interrupting_a_test_stops_every_process_of_its_run(pytester: pytest.Pyt
     tag = uuid.uuid4().hex
     args = [sys.executable, "-m", "pytest", *BASE, "--basetemp", str(pytester.path / "tmp")]
     env = {**os.environ, "CRASHBENCH_TEST_TAG": tag}
-    proc = subprocess.Popen(args, cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    proc = subprocess.Popen(args, cwd=pytester.path, env=env, **pipes)
     try:
         family: set[psutil.Process] = set()
         deadline = time.monotonic() + 30
