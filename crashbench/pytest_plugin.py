@@ -138,13 +138,14 @@ def build(scenario: str | Path | Scenario | None, settings: dict[str, Any]) -> S
     from crashbench.model.spec import Scenario
 
     base = scenario if isinstance(scenario, Scenario) else scenarios.load(None if scenario is None else str(scenario))
-    known = base.to_dict()
+    known = set(base.to_dict()) - {"expect", "source"}  # what a scenario file says, not a setting
     for name in settings:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             raise UsageError(
                 f"unknown setting {name!r}" + (f": did you mean {close[0]!r}?" if close else ""),
-                hint="settings are scenario keys by their flat names (jobs, kills, interval, ...): docs/reference.md",
+                hint="settings are scenario keys by their flat names (jobs, kills, interval, ...: docs/reference.md); "
+                "thresholds go to result.check('lost == 0')",
             )
     return scenarios.with_overrides(base, **settings)
 
