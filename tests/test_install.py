@@ -1,4 +1,5 @@
-"""A plain (not editable) install finds its shipped scenarios from any directory.
+"""A plain (not editable) install finds its shipped scenarios from any directory, and its pytest
+plugin through the entry point.
 
 The editable install every other test runs under reads the checkout, so it cannot show what `pip
 install crashbench` ships: this builds the wheel, installs it into a fresh virtual environment (its
