@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers clean
+.PHONY: compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -162,6 +162,9 @@ report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's H
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 	$(BIN)/python lab/inspector_cost.py
+
+plugin-overhead: $(STAMP)  ## the pytest plugin's cost: one test using the fixture vs crashbench run, 5 times each
+	$(BIN)/python lab/plugin_overhead.py 5
 
 bench-interrupt: $(STAMP)  ## how fast bench stops on Ctrl-C / SIGTERM, interrupted in every phase (goal: under 1 s)
 	$(BIN)/python lab/interrupt.py

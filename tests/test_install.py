@@ -1,4 +1,5 @@
-"""A plain (not editable) install finds its shipped scenarios from any directory.
+"""A plain (not editable) install finds its shipped scenarios from any directory, and its pytest
+plugin through the entry point.
 
 The editable install every other test runs under reads the checkout, so it cannot show what `pip
 install crashbench` ships: this builds the wheel, installs it into a fresh virtual environment (its
@@ -42,13 +43,13 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin directory of a fresh virtual environment with the wheel installed the ordinary way (pip
-    install, dependencies from the package index). This pip installs into it (--python) rather than a
-    copy of pip bootstrapped into it (ensurepip, seconds): the environment then holds only crashbench
-    and what it declares, not even pip and setuptools."""
+    install, dependencies from the package index), with its pytest extra (the plugin's). This pip
+    installs into it (--python) rather than a copy of pip bootstrapped into it (ensurepip, seconds):
+    the environment then holds only crashbench and what it declares, not even pip and setuptools."""
     env_dir = tmp_path_factory.mktemp("venv")
     venv.create(env_dir, with_pip=False)
     target = ["--python", str(env_dir / "bin" / "python")]
-    cp = run([sys.executable, "-m", "pip", *target, "install", "-q", str(wheel)], cwd=env_dir, timeout=300)
+    cp = run([sys.executable, "-m", "pip", *target, "install", "-q", f"{wheel}[pytest]"], cwd=env_dir, timeout=300)
     assert cp.returncode == 0, cp.stderr
     return env_dir / "bin"
 
@@ -104,3 +105,20 @@ def test_installed_crashbench_runs_library_workers_under_another_interpreter(
     data = json.loads(out.read_text())
     assert data["runs"][0]["counts"]["done"] == 30 and data["runs"][0]["problems"] == []
     assert data["environment"]["worker_python"] == python and design in data["environment"]["libraries"]
+
+
+def test_the_installed_plugin_loads_through_its_entry_point(installed: Path, tmp_path: Path) -> None:
+    """`pip install 'crashbench[pytest]'` and nothing else: the environment's pytest finds the plugin
+    through the pytest11 entry point (no conftest, no -p), and its fixture runs a crash run."""
+    (tmp_path / "test_queue.py").write_text(
+        "def test_reliable(crashbench, pytestconfig):\n"
+        "    import crashbench.pytest_plugin as plugin\n"
+        "    assert pytestconfig.pluginmanager.get_plugin('crashbench') is plugin  # the entry point's name\n"
+        "    assert 'site-packages' in plugin.__file__\n"
+        "    result = crashbench.run(design='reliable', jobs=200, kills=1, interval=0.1, stale_after=0.3)\n"
+        "    result.assert_valid()\n"
+        "    assert result.counts.done == 200 and result.report.is_file()\n"
+    )
+    cp = run([str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "1 passed" in cp.stdout
