@@ -44,7 +44,7 @@ def test_outputs_give_the_verdict_thresholds_and_counts_summed_over_every_run(re
     assert (values["runs"], values["designs"], values["result_id"]) == ("6", "naive,reliable", repeated.id)
     assert (values["enqueued"], values["lost"], values["duplicated"], values["done"]) == ("600", "6", "3", "594")
     assert values["stranded"] == values["dead_lettered"] == values["evidence_problems"] == "0"
-    assert values["result"] == "r/x.json"
+    assert values["result"] == str(Path("r/x.json").resolve())
 
 
 def test_a_value_with_a_line_break_is_written_as_a_heredoc() -> None:

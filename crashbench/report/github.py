@@ -32,7 +32,8 @@ HEADLINE_COUNTS: tuple[str, ...] = (
 
 
 def outputs(result: Result, saved: Path | None = None) -> dict[str, str]:
-    """The step outputs of a result, in a fixed order; `saved`: where its JSON was written."""
+    """The step outputs of a result, in a fixed order; `saved`: where its JSON was written (given
+    absolute: a later step may run in another directory)."""
     out = {
         "verdict": result.status,
         "result_id": result.id,
@@ -46,7 +47,7 @@ def outputs(result: Result, saved: Path | None = None) -> dict[str, str]:
     for name in HEADLINE_COUNTS:
         out[name] = str(sum(getattr(r.counts, name) for r in result.runs))
     if saved is not None:
-        out["result"] = str(saved)
+        out["result"] = str(saved.resolve())  # later steps may run in another directory
     return out
 
 
