@@ -154,6 +154,8 @@ OUTPUT_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--junit", type=click.Path(path_type=Path), metavar="FILE", help="Write JUnit XML: one test case per design x threshold."),
     click.option("--markdown", type=click.Path(path_type=Path), metavar="FILE", help="Write a Markdown summary (also appended to $GITHUB_STEP_SUMMARY when set)."),
     click.option("--csv", "csv_path", type=click.Path(path_type=Path), metavar="FILE", help="Write one CSV row per run: every count and timing."),
+    click.option("--benchmark-json", "benchmark_path", type=click.Path(path_type=Path), metavar="FILE", help="Write github-action-benchmark's customSmallerIsBetter JSON: lost and duplicated (mean of the repeats) and recovery p95 in ms (median) per design, for trend charts."),
+    click.option("--github-output", type=click.Path(path_type=Path), metavar="FILE", help="Append the verdict, thresholds violated and the headline counts summed over every run as key=value lines: GitHub Actions' step outputs, --github-output \"$GITHUB_OUTPUT\"."),
     click.option("--html", "html_path", type=click.Path(path_type=Path), metavar="FILE", help="Write the HTML report: every run's timeline (lanes, faults, recoveries, queue depth), counts and thresholds, in one self-contained file."),
     click.option("--no-color", is_flag=True, help="No colours (also: the NO_COLOR environment variable)."),
     click.option("--plain", is_flag=True, help="Plain style for CI logs: ASCII table, no colours, no live progress line."),
@@ -272,9 +274,8 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     given = parse_thresholds(opts.get("thresholds", ()))
     if baseline is None and any(t.relative for t in given):
         raise UsageError("a relative threshold (…%) needs a baseline", hint="crashbench check --baseline FILE|ID")
-    export.check_paths(
-        [opts["junit"], opts["markdown"], opts["csv_path"], opts["html_path"]]
-    )  # fail now, not after the run
+    paths = ("junit", "markdown", "csv_path", "html_path", "benchmark_path", "github_output")
+    export.check_paths([opts[key] for key in paths])  # fail now, not after the run
     if opts.get("out_path") is not None:
         store.check_out(opts["out_path"])  # likewise: a long run's result must have somewhere to go
     return given
@@ -376,7 +377,8 @@ def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate
     try:
         export.write_exports(
             result, opts["junit"], opts["markdown"], opts["csv_path"], allow_unchecked=allow_unchecked,
-            html_path=opts["html_path"],
+            html_path=opts["html_path"], benchmark_path=opts["benchmark_path"], github_output=opts["github_output"],
+            saved=saved,
         )  # fmt: skip
     except OSError as exc:
         raise UsageError(f"cannot write an export: {exc}") from None

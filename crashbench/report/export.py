@@ -24,6 +24,7 @@ from crashbench.errors import UsageError
 from crashbench.model.counts import Counts, Problem
 from crashbench.model.results import DesignRun, Result, ThresholdResult, Timings, group, number, spread
 from crashbench.model.thresholds import coverage
+from crashbench.report import github
 from crashbench.report import html as html_report
 from crashbench.report.svg import depth_chart
 
@@ -318,11 +319,16 @@ def write_exports(
     environ: Mapping[str, str] = os.environ,
     allow_unchecked: bool = False,
     html_path: Path | None = None,
+    benchmark_path: Path | None = None,
+    github_output: Path | None = None,
+    saved: Path | None = None,
 ) -> list[Path]:
     """Write each export given; append the Markdown to `$GITHUB_STEP_SUMMARY` when set (GitHub Actions
     shows that file on the job's page). Returns the paths written, the summary file included.
     `allow_unchecked`: a design without thresholds is skipped in JUnit, not failed. The HTML report
-    and the Markdown's chart need every run's timeline (`DesignRun.timeline`)."""
+    and the Markdown's chart need every run's timeline (`DesignRun.timeline`). `benchmark_path`:
+    github-action-benchmark's JSON; `github_output`: the step outputs appended there, `saved` (the
+    result file) among them (crashbench.report.github)."""
     written: list[Path] = []
     timelines = [r.timeline for r in result.runs if r.timeline is not None]
     if len(timelines) != len(result.runs):
@@ -355,6 +361,10 @@ def write_exports(
         with path.open("w", encoding="utf-8", newline="") as f:
             f.write(text)
         written.append(path)
+    if benchmark_path is not None:
+        written.append(github.write_benchmark(result, benchmark_path))
+    if github_output is not None:
+        written.append(github.append_outputs(result, github_output, saved))
     summary = environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         path = Path(summary)
