@@ -111,6 +111,9 @@ class CeleryQueue(LibraryDesign):
             conf["result_backend"] = self.url()
         if self.settings.concurrency:
             conf["worker_concurrency"] = self.settings.concurrency
+        if app._pool is not None:  # connections of an earlier run in this process (another server) go
+            app._pool.force_close_all()
+        app._pool, app.amqp._producer_pool = None, None
         app.conf.update(conf)
         self.queue, self.task = app.conf.task_default_queue, task.name
         return app
