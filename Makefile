@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -151,6 +151,12 @@ stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recov
 	  PYTHONPATH=tests $(BIN)/crashbench compare --designs designs_consumers:StreamKeepsConsumers,stream,stream-reuse \
 	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
 	$(BIN)/python lab/stream_consumers.py results/readme/stream-consumers
+
+# docs/tutorial-your-app.md's table: examples/orders' naive and idempotent order task under each library's adapter,
+# 200 jobs, 3 mid-job SIGKILLs, the user's own check (about 5 minutes: rq:reliable retries a killed job after ~61 s).
+app-example: $(STAMP) $(ARQ_STAMP)  ## docs/tutorial-your-app.md's table (the example app, naive vs idempotent, per library)
+	rm -rf results/readme/app-example
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/app_example.py run results/readme/app-example --worker-python $(ARQ_PY)
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from crashbench.designs import APP_LIBRARIES, BUILTIN, load_design
 from crashbench.errors import ScenarioError
+from crashbench.model import timeline
 from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import parse
@@ -164,3 +167,20 @@ def test_the_adapters_that_run_an_app_are_the_ones_listed() -> None:
             source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
             runs |= {name.split(":")[0]} if "runs_apps = True" in source else set()
     assert runs == set(APP_LIBRARIES)
+
+
+def test_the_tutorial_s_scenario_section_is_one_crashbench_reads() -> None:
+    text = (ROOT / "docs" / "tutorial-your-app.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    sc = parse(tomllib.loads(block), "tutorial")
+    assert sc.app.task == "orders.place_once" and sc.app.check == "examples.orders.check:rows"
+    assert [t.rule() for t in sc.expect["celery"]] == ["lost == 0", "effect_duplicated == 0"]
+
+
+@pytest.mark.parametrize("counts", [{"000001": "two"}, {"000001": -1}, {"000001": True}])
+def test_a_timeline_s_effects_are_read_back_only_as_counts(counts: dict[str, object]) -> None:
+    tl = timeline.Timeline(0, "celery", "", "p:", 0, {}, timeline.DesignFlags(True, True, False, False), 0.0, 0.0, 1.0)
+    timeline._apply(tl, "effects", {"check": "m:f", "checked": 3, "counts": {"000002": 2}})
+    assert tl.effects == {"check": "m:f", "checked": 3, "counts": {"000002": 2}}
+    with pytest.raises(ValueError):
+        timeline._apply(tl, "effects", {"check": "m:f", "checked": 3, "counts": counts})

@@ -404,7 +404,10 @@ def _apply(tl: Timeline, e: str, d: dict[str, Any]) -> None:
             d["requeue_events"],
         )  # fmt: skip
     elif e == "effects":
-        tl.effects = {"check": str(d["check"]), "checked": int(d["checked"]), "counts": dict(d["counts"])}
+        counts = {str(job): int(n) for job, n in d["counts"].items() if not isinstance(n, bool)}
+        if len(counts) != len(d["counts"]) or any(n < 0 for n in counts.values()) or int(d["checked"]) < 0:
+            raise ValueError("effects: counts must be whole numbers of 0 or more")
+        tl.effects = {"check": str(d["check"]), "checked": int(d["checked"]), "counts": counts}
     elif e == "end":
         tl.faults_end, tl.drained_at, tl.drained = d["faults_end"], d["drained_at"], d["drained"]
         tl.cut_off, tl.inspect_s, tl.workdir = d["cut_off"], d["inspect_s"], d["workdir"]
