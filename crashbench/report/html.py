@@ -136,7 +136,9 @@ def headline(c: Counts, drawn: lanes.Lanes, others: int = 0) -> str:
     else:
         parts.append(f"{c.done:,} of {c.enqueued:,} jobs done")
     for key, word in (("lost", "lost"), ("stranded", "stranded"), ("dead_lettered", "dead-lettered"),
-                      ("failed", "failed"), ("duplicated", "done twice or more")):  # fmt: skip
+                      ("failed", "failed"), ("duplicated", "done twice or more"),
+                      ("effect_missing", "effects missing (your check)"),
+                      ("effect_duplicated", "effects duplicated (your check)")):  # fmt: skip
         if getattr(c, key):
             parts.append(f'<span class="bad">{getattr(c, key):,} {word}</span>')
     n = c.kills + others  # `others`: the broker's and the network's faults
