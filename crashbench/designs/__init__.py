@@ -346,7 +346,7 @@ BUILTIN: dict[str, str] = {
     "saq:reliable": "crashbench.designs.saqlib:SaqReliable",
 }
 # The library adapters that run a user's app (their class sets runs_apps; tests/test_app.py holds them equal).
-APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "arq", "taskiq")
+APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "arq", "taskiq", "saq")
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",
