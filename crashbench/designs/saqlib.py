@@ -73,6 +73,7 @@ from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, Queu
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
+from crashbench.jobids import plain
 from crashbench.model.stored import Snapshot
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ class SaqQueue(LibraryDesign):
         args, kwargs = user.arguments(job)
         if args:
             raise UsageError(
-                f"saq passes a job keyword arguments only: job {job.id}'s payload is not a JSON object",
+                f"saq passes a job keyword arguments only: job {plain(job.id)}'s payload is not a JSON object",
                 hint="give --payloads whose payloads are objects (a task's keyword arguments)",
             )
         return kwargs
