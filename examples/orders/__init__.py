@@ -2,6 +2,7 @@
 
 Placing an order writes a row to SQLite and then does slower work (say, charging the card). The
 naive task writes a new row every time it runs; the idempotent one writes the order's row once,
-however many times it runs (INSERT OR IGNORE on the order id). Both exist for Celery (celery_app.py)
-and RQ (rq_tasks.py); `check.rows` counts an order's rows: crashbench's --check.
+however many times it runs (INSERT OR IGNORE on the order id). Both exist for Celery (celery_app.py),
+RQ (rq_tasks.py), arq (arq_app.py), taskiq (taskiq_app.py) and saq (saq_app.py); `check.rows` counts
+an order's rows: crashbench's --check.
 """
