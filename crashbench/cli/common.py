@@ -143,8 +143,8 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--wait-ms", "wait_ms", int, "... at most this many ms; later is indeterminate (broker.wait_ms)."),
     ("--replica-lag", "replica_lag", FINITE, "Failover: the replica stops following the primary this many s before it dies (broker.replica_lag)."),
     ("--drain-timeout", "drain_timeout", FINITE, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
-    ("--app", "app", str, "Your own app under the library adapter --design names, as module:attr (a Celery app, ...; for RQ a module): crashbench swaps in the run's server only (app.app)."),
-    ("--task", "task", str, "The task of --app to enqueue: its registered name (Celery), a function of the module (RQ) (app.task)."),
+    ("--app", "app", str, "Your own app under the library adapter --design names, as module:attr (a Celery app, arq WorkerSettings, a taskiq-redis broker, saq settings; for RQ a module): crashbench swaps in the run's server only (app.app)."),
+    ("--task", "task", str, "The task of --app to enqueue: its registered name (Celery, taskiq), a function of the module (RQ) or of the settings (arq, saq) (app.task)."),
     ("--payloads", "payloads", str, "One payload per job: a JSONL file (line n is job n's) or module:function(n); an object is keyword arguments, a list positional ones; default: the job number (app.payloads)."),
     ("--check", "check", str, "Your own evidence: module:function(payload) -> how many times the job's effect exists in your system of record (app.check)."),
 ]  # fmt: skip

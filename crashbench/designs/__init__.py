@@ -43,6 +43,8 @@ from crashbench.model.stored import Snapshot as Snapshot
 if TYPE_CHECKING:
     import redis
 
+    from crashbench.control.interpreter import WorkerPython
+
 
 class Design(ABC):
     """Base class for a queue design under test. Subclass it, set `name`, implement the abstract methods.
@@ -235,6 +237,13 @@ class LibraryDesign(Design):
     # True when the adapter runs the user's own app ([app]: crashbench.designs.app) as well as crashbench's handler.
     runs_apps: ClassVar[bool] = False
 
+    def load_app(self, python: WorkerPython | None) -> None:
+        """With an [app], in the harness before any worker starts: load what the harness needs of the
+        user's app (its task's name, its library settings), refusing bad input with a UsageError.
+        `python`: the workers' interpreter (--worker-python), which may have a library the harness
+        lacks (crashbench.designs.app.probe). By default nothing: an adapter whose library the harness
+        imports loads the app in __init__."""
+
     def on_cluster(self) -> bool:
         """Whether this run's client is a Redis Cluster's (crashbench.control.connect)."""
         from redis.cluster import RedisCluster  # as the module's other redis imports: not at import time
@@ -337,7 +346,7 @@ BUILTIN: dict[str, str] = {
     "saq:reliable": "crashbench.designs.saqlib:SaqReliable",
 }
 # The library adapters that run a user's app (their class sets runs_apps; tests/test_app.py holds them equal).
-APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "dramatiq", "huey")
+APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "dramatiq", "huey", "arq", "taskiq", "saq")
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",

@@ -23,15 +23,19 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crashbench.errors import UsageError
 from crashbench.jobids import TOKEN_LEN, is_token
 from crashbench.model.queue import Job
+
+if TYPE_CHECKING:
+    from crashbench.control.interpreter import WorkerPython
 
 MAX_PAYLOAD_BYTES = 1_000_000  # one payload; a queue message of more is a workload nobody runs by mistake
 
@@ -160,22 +164,109 @@ def effect_count(value: Any, spec: str, n: int) -> int:
 # -- the ledger, from a library's own hooks (in the worker's processes) -----------------------------------
 
 
-def started(task_id: str) -> None:
-    """A library hook saw crashbench's job `task_id` start (its handler, the user's task, begins)."""
+def started(task_id: str, xid: int | None = None) -> None:
+    """A library hook saw crashbench's job `task_id` start (its handler, the user's task, begins).
+    `xid`: the ledger's execution context, where the hook's thread is not it (`Contexts`)."""
     if ours(task_id):
-        _ledger().start(task_id, time.monotonic())
+        _ledger().start(task_id, time.monotonic(), xid)
 
 
-def ended(task_id: str) -> None:
+def ended(task_id: str, xid: int | None = None) -> None:
     """... the task returned."""
     if ours(task_id):
-        _ledger().end(task_id, time.monotonic())
+        _ledger().end(task_id, time.monotonic(), xid)
 
 
-def failed(task_id: str) -> None:
+def failed(task_id: str, xid: int | None = None) -> None:
     """... the task raised (or the library gave up on it): a failed attempt, as the handler's."""
     if ours(task_id):
-        _ledger().fail(task_id, time.monotonic())
+        _ledger().fail(task_id, time.monotonic(), xid)
+
+
+class Contexts:
+    """The ledger's execution contexts for a worker that runs many jobs on one thread (an asyncio
+    library's hooks all run on its event loop): the ledger pairs a start with its end by process and
+    context, so each running job holds a context number of its own, given back when it ends. Small
+    numbers, reused: never a thread's id, and no more of them than jobs ever ran at once."""
+
+    def __init__(self) -> None:
+        self.free: list[int] = []
+        self.held: dict[str, list[int]] = {}
+        self.made = 0
+
+    def started(self, task_id: str) -> None:
+        if not ours(task_id):
+            return
+        if self.free:
+            xid = self.free.pop()
+        else:
+            self.made += 1
+            xid = self.made
+        self.held.setdefault(task_id, []).append(xid)
+        started(task_id, xid)
+
+    def ended(self, task_id: str, ok: bool) -> None:
+        """The job's run ended: `ok`, it returned; else it raised, was cancelled or given up on."""
+        xids = self.held.get(task_id)
+        if not xids:  # not ours, or its start was not seen
+            return
+        xid = xids.pop(0)
+        if not xids:
+            del self.held[task_id]
+        (ended if ok else failed)(task_id, xid)
+        self.free.append(xid)
+
+
+# -- the user's app where the workers run (their interpreter: --worker-python) --------------------------
+
+
+_probed: dict[tuple[str, ...], dict[str, Any]] = {}
+
+
+def probe(python: WorkerPython | None, target: str, *args: str) -> dict[str, Any]:
+    """`target(*args)` (module:function, a JSON object back) where the workers import the user's app:
+    under `python` (--worker-python: the harness may not have the library, arq's or saq's, that the
+    app's module imports), else in this process. Its UsageError is this one's, in one line; asked
+    once per process for the same question."""
+    key = (python.python if python else "", target, *args)
+    if key in _probed:
+        return _probed[key]
+    if python is None:
+        answer = importable(target, "probe")(*args)
+    else:
+        code = "from crashbench.designs.app import probe_main; probe_main()"
+        try:
+            done = subprocess.run(
+                [python.python, "-c", code, target, *args], env=python.env(), capture_output=True, text=True,
+                timeout=PROBE_TIMEOUT,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UsageError(f"--worker-python {python.python}: cannot load the app there ({exc})") from None
+        last = (done.stdout.strip().splitlines() or [""])[-1]
+        if done.returncode == 2 and last.startswith(PROBE_REFUSED):
+            refused = json.loads(last.removeprefix(PROBE_REFUSED))
+            raise UsageError(refused["message"], hint=refused["hint"])
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise UsageError(f"--worker-python {python.python} cannot load the app: {why}")
+        answer = json.loads(last)
+    _probed[key] = answer
+    return answer
+
+
+PROBE_TIMEOUT = 60.0
+PROBE_REFUSED = "crashbench-usage: "
+
+
+def probe_main() -> None:
+    """`probe`'s other side, in the workers' interpreter: argv is the target and its arguments."""
+    target, *args = sys.argv[1:]
+    try:
+        answer = importable(target, "probe")(*args)
+    except UsageError as exc:
+        print(PROBE_REFUSED + json.dumps({"message": exc.message, "hint": exc.hint}))
+        sys.exit(2)
+    print(json.dumps(answer))
 
 
 def _ledger() -> Any:

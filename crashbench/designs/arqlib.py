@@ -36,29 +36,52 @@ Both run arq's shipped max_jobs = 10 concurrent jobs per worker process (queue.c
 it); [library."<design>"] overrides any Worker argument, max_jobs included. The synchronous handler
 runs through asyncio.to_thread, so at most min(32, CPUs + 4) of them at once (the loop's default
 executor); a job waiting there for a thread counts against job_timeout and can time out unstarted.
+
+App mode ([app]: crashbench.designs.app): `--app module:WorkerSettings` (the class, or dict, that
+`arq module.WorkerSettings` runs) and `--task NAME`, one of its functions by arq's name for it. The
+worker runs arq's Worker from the user's settings (functions, job_timeout, max_tries, max_jobs,
+keep_result, their own hooks, ...) with two things swapped: redis_settings (the run's server; the
+user's connection options kept) and queue_name (P queue, above). Each job is what arq's
+enqueue_job(NAME, *args, _job_id=P<id>, **kwargs) writes (arq's default pickle serializer: settings
+with a job_serializer of their own are refused). The ledger comes from arq's own on_job_start and
+on_job_end hooks, chained before / after the user's; on_job_end is given no outcome, so the task's
+function is watched (its return marks the ctx arq passes both): returned is a completion, anything
+else (raised, cancelled at job_timeout, retried) a failed attempt. arq is not in crashbench's
+environment, so the harness reads the settings through the workers' interpreter (app.probe): an app
+that does not import there, or has no such function, is one line before any worker starts. The
+queue.max_attempts / job_timeout of arq:reliable do not apply: the user's settings do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import io
 import os
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import app as user
 from crashbench.designs.handler import handle
+from crashbench.errors import UsageError
 from crashbench.model.stored import Snapshot
+
+if TYPE_CHECKING:
+    from crashbench.control.interpreter import WorkerPython
 
 FUNCTION = "crashbench_handle"
 EXPIRES_MS = 86_400_000  # arq's expires_extra_ms: a job not started within a day is dropped
 ARQ_FIXED_EXTRA_S = 10  # arq keeps the in-progress key job_timeout + 10 s
 ARQ_JOB_TIMEOUT = 300  # arq's Worker defaults
 ARQ_POLL_DELAY = 0.5
+ADDRESS = ("host", "port", "unix_socket_path", "database", "username", "password", "ssl")  # RedisSettings'
+DONE = "crashbench_returned"  # app mode: set in the job's ctx when the user's function returned
 
 
 class _Opaque:
@@ -110,16 +133,26 @@ class ArqQueue(LibraryDesign):
     reliable: ClassVar[bool] = False
     drops_failed = False  # a job that raised leaves a result with success False (kept keep_result seconds)
     DEFAULT_CONCURRENCY = 10  # arq's Worker max_jobs default
+    runs_apps = True
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self.queue = self.key("queue")
+        self.function = settings.task or FUNCTION
+        self.app_options: dict[str, Any] = {}  # app mode: the user's settings that decide recovery (load_app)
         pool = client.connection_pool
         kwargs = {**pool.connection_kwargs, "decode_responses": False}  # arq stores pickled data
         self.raw = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
+    def load_app(self, python: WorkerPython | None) -> None:
+        described = user.probe(python, f"{__name__}:describe_app", self.settings.app, self.settings.task)
+        self.app_options = described["options"]
+
     def worker_options(self) -> dict[str, Any]:
-        """arq Worker arguments: ours, then the scenario's [library.<design>] table."""
+        """arq Worker arguments: ours (app mode: the user's), then the scenario's [library.<design>] table."""
+        if self.settings.task:
+            given = {"max_jobs": self.settings.concurrency} if self.settings.concurrency else {}
+            return {"max_jobs": self.DEFAULT_CONCURRENCY, **self.app_options, **given, **self.settings.options}
         options: dict[str, Any] = {"max_jobs": self.concurrency()}
         if self.reliable:
             options.update(job_timeout=self.job_timeout(), max_tries=self.settings.max_attempts)
@@ -155,7 +188,8 @@ class ArqQueue(LibraryDesign):
         now_ms = int(time.time() * 1000)
         pipe = self.raw.pipeline(transaction=False)
         for job in jobs:
-            data = {"t": None, "f": FUNCTION, "a": (job.id,), "k": {}, "et": now_ms}
+            args, kwargs = user.arguments(job) if self.settings.task else ([job.id], {})
+            data = {"t": None, "f": self.function, "a": tuple(args), "k": kwargs, "et": now_ms}
             pipe.psetex(f"arq:job:{self._arq_id(job.id)}", EXPIRES_MS, pickle.dumps(data))
             pipe.zadd(self.queue, {self._arq_id(job.id): now_ms})
         pipe.execute()
@@ -163,6 +197,10 @@ class ArqQueue(LibraryDesign):
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         from arq.connections import RedisSettings
         from arq.worker import Worker, func
+
+        if self.settings.task:
+            self._serve_app(ready)
+            return
 
         async def startup(ctx: dict[str, Any]) -> None:
             ready()
@@ -174,6 +212,45 @@ class ArqQueue(LibraryDesign):
             on_startup=startup,
             **self.worker_options(),
         ).run()
+
+    def _serve_app(self, ready: Callable[[], None]) -> None:
+        """The user's settings, on the run's server and queue, with the ledger's hooks (module docstring)."""
+        from arq.connections import RedisSettings
+        from arq.worker import Worker
+
+        kwargs = _app_kwargs(self.settings.app)
+        functions = _functions(self.settings.app, kwargs)
+        contexts, job_id = user.Contexts(), self._job_id
+        own_startup, own_start, own_end = (kwargs.get(k) for k in ("on_startup", "on_job_start", "on_job_end"))
+
+        async def startup(ctx: dict[str, Any]) -> None:
+            if own_startup is not None:
+                await own_startup(ctx)
+            ready()
+
+        async def job_start(ctx: dict[str, Any]) -> None:
+            contexts.started(job_id(ctx["job_id"]))
+            if own_start is not None:
+                await own_start(ctx)
+
+        async def job_end(ctx: dict[str, Any]) -> None:
+            try:
+                if own_end is not None:
+                    await own_end(ctx)
+            finally:
+                contexts.ended(job_id(ctx["job_id"]), ctx.get(DONE) is True)
+
+        run = RedisSettings.from_dsn(self.url())
+        theirs = kwargs.get("redis_settings")
+        address = {f: getattr(run, f) for f in ADDRESS}
+        redis_settings = dataclasses.replace(theirs, **address, sentinel=False) if theirs is not None else run
+        functions[self.settings.task] = _watched(functions[self.settings.task])
+        kwargs.pop("redis_pool", None)
+        kwargs.update(functions=list(functions.values()), queue_name=self.queue, redis_settings=redis_settings,
+                      on_startup=startup, on_job_start=job_start, on_job_end=job_end)  # fmt: skip
+        if self.settings.concurrency:
+            kwargs["max_jobs"] = self.settings.concurrency
+        Worker(**{**kwargs, **self.settings.options}).run()
 
     def backlog(self) -> int:
         return int(self.raw.zcard(self.queue))
@@ -218,6 +295,62 @@ class ArqQueue(LibraryDesign):
                     kind = "succeeded" if success else "failed"
                     found.add(self._job_id(name.removeprefix("arq:result:")), "result", kind)
         return found
+
+
+def _app_kwargs(spec: str) -> dict[str, Any]:
+    """The Worker arguments of the user's settings (a class or a dict, as `arq` reads them); where arq is."""
+    from arq.worker import get_kwargs
+
+    settings = user.importable(spec, "app")
+    if not isinstance(settings, (type, dict)):
+        raise UsageError(f"app {spec} is a {type(settings).__name__}, not arq WorkerSettings (a class or a dict)")
+    kwargs = dict(get_kwargs(settings))
+    if kwargs.get("job_serializer") is not None or kwargs.get("job_deserializer") is not None:
+        raise UsageError(f"app {spec} sets job_serializer: crashbench enqueues in arq's default format (pickle)")
+    return kwargs
+
+
+def _functions(spec: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The settings' functions by arq's name for each (arq.worker.func)."""
+    from arq.worker import func
+
+    try:
+        return {f.name: f for f in map(func, kwargs.get("functions") or ())}
+    except Exception as exc:  # a function arq refuses (not a coroutine function, a path that does not import)
+        raise UsageError(f"app {spec}: arq refuses its functions: {type(exc).__name__}: {exc}") from None
+
+
+def describe_app(spec: str, task: str) -> dict[str, Any]:
+    """In the workers' interpreter (app.probe): the task checked, and the settings that decide recovery."""
+    from arq.utils import to_seconds
+    from arq.worker import Worker
+
+    kwargs = _app_kwargs(spec)
+    functions = _functions(spec, kwargs)
+    if task not in functions:
+        names = ", ".join(functions) or "none"
+        raise UsageError(f"app {spec} has no function {task!r}", hint=f"its functions: {names}")
+    defaults = inspect.signature(Worker).parameters
+    options = {name: kwargs.get(name, defaults[name].default) for name in ("max_jobs", "max_tries")}
+    for name in ("job_timeout", "poll_delay"):
+        options[name] = to_seconds(kwargs.get(name, defaults[name].default))
+    if functions[task].timeout_s is not None:  # func(..., timeout=) wins over the Worker's
+        options["job_timeout"] = functions[task].timeout_s
+    if functions[task].max_tries is not None:
+        options["max_tries"] = functions[task].max_tries
+    return {"options": options}
+
+
+def _watched(function: Any) -> Any:
+    """The user's arq Function, its coroutine marking the job's ctx once it returned (DONE)."""
+    inner = function.coroutine
+
+    async def coroutine(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        result = await inner(ctx, *args, **kwargs)
+        ctx[DONE] = True
+        return result
+
+    return dataclasses.replace(function, coroutine=coroutine)
 
 
 class ArqReliable(ArqQueue):

@@ -45,6 +45,16 @@ retried (shutdown_grace_period_s is unset), while their handler threads run on.
 Both run saq's default concurrency (10 jobs per worker process); [library."<design>"] sets Job
 fields (timeout, heartbeat, retries, ttl, retry_delay, retry_backoff) and any other Worker argument
 (concurrency, timers merged into ours, shutdown_grace_period_s, ...).
+
+App mode ([app]: crashbench.designs.app, crashbench.designs.saqapp): `--app module:settings` (saq's
+settings dict) and `--task NAME`, one of its functions. The workers run saq's Worker from the user's
+settings, its queue swapped for one on the run's server with the name above; the harness reads the
+settings through the workers' interpreter (app.probe). Each job is what queue.enqueue(NAME,
+key=P<id>, **payload) writes, with the design's Job fields: saq passes keyword arguments only, so
+each payload must be a JSON object. The user's function does not refresh saq's heartbeat (ours
+does), so in app mode the heartbeat is off unless [library] sets it: a killed job is found stuck by
+its timeout. The ledger comes from saq's own before_process / after_process hooks, job.status
+telling complete from failed.
 """
 
 from __future__ import annotations
@@ -55,13 +65,19 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import app as user
 from crashbench.designs.handler import handle
+from crashbench.errors import UsageError
+from crashbench.jobids import plain
 from crashbench.model.stored import Snapshot
+
+if TYPE_CHECKING:
+    from crashbench.control.interpreter import WorkerPython
 
 FUNCTION = "crashbench_handle"
 SWEEP_ABORT_WAIT_S = 5.0  # RedisQueue.sweep(abort=5.0): how long it waits on a swept job's worker
@@ -128,9 +144,12 @@ class SaqQueue(LibraryDesign):
     # A job that raised, or was swept, with no retry left keeps its body, status failed / aborted,
     # for its ttl (600 s): saq's record of the failure. (With ttl -1 saq deletes it: then lost.)
     drops_failed = False
+    runs_apps = True
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
+        self.function = settings.task or FUNCTION
+        self.app_options: dict[str, Any] = {}  # app mode: the user's concurrency and timers (load_app)
         self.queue = prefix.rstrip(":")
         self.keys = {k: f"saq:{self.queue}:{k}" for k in ("incomplete", "queued", "active")}
         self.ids = f"saq:job:{self.queue}:{prefix}"  # saq id = this + crashbench's id
@@ -148,6 +167,8 @@ class SaqQueue(LibraryDesign):
                 "heartbeat": max(1, math.ceil(self.settings.stale_after)),
                 "retries": self.settings.max_attempts,
             }
+        if self.settings.task:  # the user's function does not refresh the heartbeat (module docstring)
+            options.pop("heartbeat", None)
         options.update((k, v) for k, v in self.settings.options.items() if k in JOB_FIELDS)
         return options
 
@@ -155,9 +176,17 @@ class SaqQueue(LibraryDesign):
         """saq Worker arguments: ours, then the scenario's (its `timers` merged into ours)."""
         timers = {"sweep": 1} if self.reliable else {}
         options: dict[str, Any] = {"concurrency": self.concurrency()}
+        if self.settings.task:  # the user's settings, then queue.concurrency when given
+            timers = {**timers, **self.app_options.get("timers", {})}
+            theirs = self.app_options.get("concurrency", self.concurrency())
+            options["concurrency"] = self.settings.concurrency or theirs
         options.update((k, v) for k, v in self.settings.options.items() if k not in JOB_FIELDS)
         options["timers"] = {**timers, **options.get("timers", {})}
         return options
+
+    def load_app(self, python: WorkerPython | None) -> None:
+        described = user.probe(python, "crashbench.designs.saqapp:describe_app", self.settings.app, self.settings.task)
+        self.app_options = described["options"]
 
     def _job(self, name: str) -> Any:
         return self.job_options().get(name, JOB_DEFAULTS[name])
@@ -199,13 +228,29 @@ class SaqQueue(LibraryDesign):
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             key = self.prefix + job.id
-            body = {"function": FUNCTION, "kwargs": {"job_id": job.id}, "queue": self.queue, "key": key,
+            body = {"function": self.function, "kwargs": self._kwargs(job), "queue": self.queue, "key": key,
                     **options, "queued": now_ms, "status": "queued"}  # fmt: skip
             keys = [self.keys["incomplete"], self.ids + job.id, self.keys["queued"], f"saq:abort:{key}"]
             self.enqueue_script(keys=keys, args=[json.dumps(body), 0], client=pipe)
         pipe.execute()
 
+    def _kwargs(self, job: Job) -> dict[str, Any]:
+        if not self.settings.task:
+            return {"job_id": job.id}
+        args, kwargs = user.arguments(job)
+        if args:
+            raise UsageError(
+                f"saq passes a job keyword arguments only: job {plain(job.id)}'s payload is not a JSON object",
+                hint="give --payloads whose payloads are objects (a task's keyword arguments)",
+            )
+        return kwargs
+
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        if self.settings.task:
+            from crashbench.designs.saqapp import serve_app
+
+            serve_app(self, ready)
+            return
         from saq import Queue, Worker
 
         async def startup(ctx: dict[str, Any]) -> None:

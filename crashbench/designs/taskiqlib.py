@@ -42,6 +42,18 @@ node): ListQueueClusterBroker for taskiq, RedisStreamClusterBroker for the strea
 stream broker has no claim at all (no XAUTOCLAIM, no idle_timeout or xread_count; XREADGROUP without
 COUNT, so a worker takes every entry there is), so a dead worker's entries stay pending for good; and
 taskiq:reliable's settings are refused by it, which is that design's answer on a cluster.
+
+App mode ([app]: crashbench.designs.app): `--app module:broker`, the user's taskiq-redis broker (a
+ListQueueBroker under --design taskiq, a RedisStreamBroker under taskiq:stream or taskiq:reliable),
+and `--task NAME`, a task registered in it. The broker itself is kept (its class, options, tasks,
+middlewares, serializer): only its connection pool is made again on the run's URL (the user's pool
+options kept) and its queue, and a stream's group, set to the keys above. A broker of another kind
+(InMemoryBroker, PubSubBroker, a cluster's) is refused, and so is a result backend, whose keys would
+live outside the run's namespace. Each job is enqueued as the user's code would:
+task.kicker().with_task_id(<id>).kiq(*args, **kwargs), so the message's task_id is crashbench's id
+(read from it, not from args, above). The ledger is a TaskiqMiddleware added in each worker:
+pre_execute a start, post_execute an end, or a failed attempt when the result is an error. Under
+taskiq:reliable the user's broker options stay (its idle_timeout, xread_count): ours do not apply.
 """
 
 from __future__ import annotations
@@ -52,19 +64,22 @@ import json
 import math
 import os
 import signal
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import redis
-from taskiq import AsyncBroker, TaskiqEvents
+from taskiq import AsyncBroker, TaskiqEvents, TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq.acks import AcknowledgeType
 from taskiq.cli.worker.run import shutdown_broker
 from taskiq.receiver import Receiver
 from taskiq_redis import ListQueueBroker, ListQueueClusterBroker, RedisStreamBroker, RedisStreamClusterBroker
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import app as user
 from crashbench.designs.handler import handle
+from crashbench.errors import UsageError
 from crashbench.model.stored import Snapshot
 
 TASK = "crashbench_handle"
@@ -73,6 +88,8 @@ MAX_ASYNC_TASKS = 100  # taskiq worker --max-async-tasks default
 IDLE_TIMEOUT_MS = 600_000  # RedisStreamBroker's idle_timeout default
 XREAD_BLOCK_MS = 2000  # RedisStreamBroker's xread_block default: the longest wait between two reads
 RECEIVER_ARGS = frozenset(inspect.signature(Receiver.__init__).parameters) - {"self", "broker", "executor"}
+# A connection pool's keywords that say where the server is: the run's URL gives them (app mode).
+ADDRESS = frozenset({"host", "port", "db", "username", "password", "path", "connection_class", "credential_provider"})
 
 
 def crashbench_handle(job_id: str) -> None:
@@ -81,14 +98,33 @@ def crashbench_handle(job_id: str) -> None:
     handle(job_id, attempt=1)
 
 
-def _message_job(raw: bytes | str | None) -> str | None:
-    """The job id a stored taskiq message carries (its first argument), or None."""
+def _message_job(raw: bytes | str | None, by_task_id: bool = False) -> str | None:
+    """The job id a stored taskiq message carries (its first argument; app mode: its task_id), or None."""
     try:
         message = json.loads(raw) if raw is not None else None
     except ValueError:
         return None
-    args = message.get("args") if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        return None
+    if by_task_id:
+        return message["task_id"] if isinstance(message.get("task_id"), str) else None
+    args = message.get("args")
     return args[0] if isinstance(args, list) and args and isinstance(args[0], str) else None
+
+
+class LedgerMiddleware(TaskiqMiddleware):
+    """App mode: the ledger from taskiq's own middleware hooks, on the worker's event loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts = user.Contexts()
+
+    def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+        self.contexts.started(message.task_id)
+        return message
+
+    def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+        self.contexts.ended(message.task_id, not result.is_err)
 
 
 class TaskiqList(LibraryDesign):
@@ -98,6 +134,8 @@ class TaskiqList(LibraryDesign):
     cluster_client = True  # taskiq-redis's cluster brokers
     DEFAULT_CONCURRENCY = MAX_ASYNC_TASKS
     drops_failed = True  # no retry middleware: a task that raised is logged and its message is gone
+    runs_apps = True
+    BROKER: ClassVar[type[AsyncBroker]] = ListQueueBroker  # the user's broker's class in app mode
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -106,12 +144,45 @@ class TaskiqList(LibraryDesign):
         self.receiver_options = {k: v for k, v in options.items() if k in RECEIVER_ARGS}
         self.broker_options = {k: v for k, v in options.items() if k not in RECEIVER_ARGS}
         self.threads: int | None = self.broker_options.pop("max_threadpool_threads", settings.concurrency or None)
+        self.app_broker = self._user_broker() if settings.task else None
+
+    def _user_broker(self) -> Any:
+        """The user's broker, checked: a taskiq-redis broker of this design's kind, with the task."""
+        spec, broker = self.settings.app, user.importable(self.settings.app, "app")
+        kind = type(broker).__name__
+        if not isinstance(broker, AsyncBroker):
+            raise UsageError(f"app {spec} is a {kind}, not a taskiq broker")
+        if not isinstance(broker, (ListQueueBroker, RedisStreamBroker)):
+            raise UsageError(f"app {spec} is a {kind}: crashbench tests taskiq on Redis, with a taskiq-redis "
+                             "ListQueueBroker or RedisStreamBroker")  # fmt: skip
+        if not isinstance(broker, self.BROKER):
+            right = "taskiq" if isinstance(broker, ListQueueBroker) else "taskiq:stream (or taskiq:reliable)"
+            raise UsageError(f"app {spec} is a {kind}, not what {self.name} runs", hint=f"give --design {right}")
+        if (backend := type(broker.result_backend).__name__) != "DummyResultBackend":
+            raise UsageError(f"app {spec} has a result backend ({backend}): crashbench runs a taskiq app "
+                             "without one (its keys would be outside the run's namespace)")  # fmt: skip
+        if self.on_cluster():
+            raise UsageError(f"{self.name} runs your app on one server, not on a cluster")
+        if broker.find_task(self.settings.task) is None:
+            names = ", ".join(sorted(broker.get_all_tasks())) or "none"
+            raise UsageError(f"app {spec} has no task {self.settings.task!r}", hint=f"its tasks: {names}")
+        return broker
+
+    def point(self, broker: Any) -> None:
+        """App mode: the user's broker on the run's server and keys (a new pool: one per event loop)."""
+        pool = broker.connection_pool
+        kept = {k: v for k, v in pool.connection_kwargs.items() if k not in ADDRESS and not k.startswith("ssl")}
+        broker.connection_pool = type(pool).from_url(self.url(), max_connections=pool.max_connections, **kept)
+        broker.queue_name = self.queue
 
     def make_broker(self) -> AsyncBroker:
         cls = ListQueueClusterBroker if self.on_cluster() else ListQueueBroker
         return cls(url=self.url(), queue_name=self.queue, **self.broker_options)
 
     def _broker(self) -> AsyncBroker:
+        if self.app_broker is not None:
+            self.point(self.app_broker)
+            return self.app_broker
         broker = self.make_broker()
         broker.register_task(crashbench_handle, task_name=TASK)  # what @broker.task does
         return broker
@@ -127,20 +198,27 @@ class TaskiqList(LibraryDesign):
         return {"max_async_tasks": tasks, "threads": threads, "concurrency": min(tasks, threads), "ack": "none (BRPOP)"}
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
-        asyncio.run(self._kick([job.id for job in jobs]))
+        asyncio.run(self._kick(jobs))
 
-    async def _kick(self, ids: list[str]) -> None:
+    async def _kick(self, jobs: Sequence[Job]) -> None:
         # As a taskiq producer does: startup (the stream broker creates its group there), kiq, shutdown.
-        # A broker per call: its connection pool belongs to this call's event loop.
+        # A broker (app mode: a pool) per call: its connection pool belongs to this call's event loop.
         broker = self._broker()
         await broker.startup()
         try:
-            task = broker.find_task(TASK)
+            task = broker.find_task(self.settings.task or TASK)
             assert task is not None
-            for job_id in ids:
-                await task.kiq(job_id)
+            for job in jobs:
+                if self.app_broker is None:
+                    await task.kiq(job.id)
+                    continue
+                args, kwargs = user.arguments(job)
+                await task.kicker().with_task_id(job.id).kiq(*args, **kwargs)
         finally:
             await broker.shutdown()
+
+    def _job(self, raw: bytes | str | None) -> str | None:
+        return _message_job(raw, by_task_id=self.app_broker is not None)
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         # What taskiq.cli.worker.run.start_listen does in each worker process, without its spawner.
@@ -154,6 +232,10 @@ class TaskiqList(LibraryDesign):
         broker = self._broker()
         broker.is_worker_process = True
         broker.add_event_handler(TaskiqEvents.WORKER_STARTUP, lambda _state: ready())
+        if self.app_broker is not None:
+            broker.add_middlewares(LedgerMiddleware())
+            if isinstance(broker, RedisStreamBroker):  # a consumer per process, as each `taskiq worker` one draws
+                broker.consumer_name = str(uuid.uuid4())
         options = {"max_async_tasks": self.concurrency(), **self.receiver_options}
         try:
             with ThreadPoolExecutor(max_workers=self.threads) as pool:
@@ -169,14 +251,14 @@ class TaskiqList(LibraryDesign):
         return int(self.r.llen(self.queue))
 
     def state(self) -> QueueState:
-        held = {job: "queue" for raw in self.r.lrange(self.queue, 0, -1) if (job := _message_job(raw))}
+        held = {job: "queue" for raw in self.r.lrange(self.queue, 0, -1) if (job := self._job(raw))}
         return QueueState(held=held)
 
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
         listed = snapshot.keys.get(self.queue)
         for raw in listed.items if listed is not None and listed.type == "list" else ():
-            if (job := _message_job(raw)) is not None:
+            if (job := self._job(raw)) is not None:
                 found.add(job, "queue")
         return found
 
@@ -185,12 +267,15 @@ class TaskiqStream(TaskiqList):
     name = "taskiq:stream"
     summary = "taskiq, RedisStreamBroker as installed: ack after the task, XAUTOCLAIM after 10 min idle"
     reliable: ClassVar[bool] = False
+    BROKER = RedisStreamBroker
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
         self.stream = self.key("stream")
         self.group = self.key("workers")
-        if self.reliable:
+        if (b := self.app_broker) is not None:  # the user's broker's own settings
+            self.broker_options = {"idle_timeout": b.idle_timeout, "xread_count": b.count, "xread_block": b.block}
+        elif self.reliable:
             # The reclaim delay above the longest job (the base class sizes it), and a claim pass
             # after every message read rather than every 100.
             self.broker_options = {"idle_timeout": math.ceil(self.job_timeout() * 1000), "xread_count": 1,
@@ -199,6 +284,10 @@ class TaskiqStream(TaskiqList):
     def make_broker(self) -> AsyncBroker:
         cls = RedisStreamClusterBroker if self.on_cluster() else RedisStreamBroker
         return cls(url=self.url(), queue_name=self.stream, consumer_group_name=self.group, **self.broker_options)
+
+    def point(self, broker: Any) -> None:
+        super().point(broker)
+        broker.queue_name, broker.consumer_group_name = self.stream, self.group
 
     def idle_timeout(self) -> float:
         """Seconds an entry stays pending before another worker's XAUTOCLAIM takes it."""
@@ -254,13 +343,13 @@ class TaskiqStream(TaskiqList):
         for p in self.r.xpending_range(self.stream, self.group, "-", "+", 1_000_000) if group else ():
             eid = p["message_id"]
             places += [(f"pel:{p['consumer']}", fields) for _, fields in self.r.xrange(self.stream, eid, eid)]
-        return QueueState(held={job: where for where, fields in places if (job := _message_job(fields.get("data")))})
+        return QueueState(held={job: where for where, fields in places if (job := self._job(fields.get("data")))})
 
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
         stream = snapshot.keys.get(self.stream)
         for where, _, fields in stream.stream_places() if stream is not None and stream.type == "stream" else ():
-            if fields is not None and (job := _message_job(fields.get(b"data"))) is not None:
+            if fields is not None and (job := self._job(fields.get(b"data"))) is not None:
                 found.add(job, where or "stream")  # "pel:<consumer>" once delivered, until acked
         return found
 

@@ -98,7 +98,7 @@ class RunSpec:
 class AppSpec:
     """The user's own app under a library adapter (crashbench.designs.app): empty, crashbench's handler."""
 
-    app: str = ""  # module:attr of the app (a Celery app, a Dramatiq broker, ...); for RQ a module, or none
+    app: str = ""  # module:attr of the app (Celery app, arq WorkerSettings, taskiq broker, saq settings); RQ: a module
     task: str = ""  # the task to enqueue: its registered name, or a function's dotted path (RQ)
     payloads: str = ""  # a JSONL file (one payload per job) or module:function(n) -> payload; none: the job number
     check: str = ""  # module:function(payload) -> how many times its effect exists: the user's own evidence

@@ -25,7 +25,7 @@ from crashbench.control import connect, workdirs
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.server import cleanup_keys
 from crashbench.control.supervisor import Supervisor
-from crashbench.designs import Design, check_app, load_design
+from crashbench.designs import Design, LibraryDesign, check_app, load_design
 from crashbench.model.ledger import Ledger
 from crashbench.model.queue import DesignSettings
 from crashbench.model.workload import Workload
@@ -72,8 +72,9 @@ class Harness:
         self.url, self.prefix, self.settings = url, prefix, settings
         self.client = connect.connect(url, decode_responses=True)
         self.design: Design = self.cls(self.client, prefix, settings)
-        self.wspec = WorkerSpec(url, self.cls, prefix, settings, workload, url_file=workers.url_file)
         self.workers = workers
+        self._load_app()
+        self.wspec = WorkerSpec(url, self.cls, prefix, settings, workload, url_file=workers.url_file)
         self.bare = False
         self.gate: int | None = None
         self.dir = workdirs.make(kind, memory=True)
@@ -114,6 +115,12 @@ class Harness:
         self.url = url
         self.client = connect.connect(url, decode_responses=True)
         self.design = self.cls(self.client, self.prefix, self.settings)
+        self._load_app()
+
+    def _load_app(self) -> None:
+        """The user's app, where the workers can import it (LibraryDesign.load_app)."""
+        if self.settings.task and isinstance(self.design, LibraryDesign):
+            self.design.load_app(self.workers.python)
 
     def stop(self, grace: float) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after `grace` s), and the zygote."""
