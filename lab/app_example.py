@@ -24,6 +24,9 @@ APPS: dict[str, tuple[str, str, str, str, bool]] = {
     "rq": ("rq:reliable", "", "examples.orders.rq_tasks.place", "examples.orders.rq_tasks.place_once", False),
     "dramatiq": ("dramatiq", "examples.orders.dramatiq_app:broker", "place", "place_once", False),
     "huey": ("huey", "examples.orders.huey_app:huey", "place", "place_once", False),
+    "arq": ("arq", "examples.orders.arq_app:WorkerSettings", "place", "place_once", True),
+    "taskiq": ("taskiq:stream", "examples.orders.taskiq_app:broker", "orders.place", "orders.place_once", False),
+    "saq": ("saq:reliable", "examples.orders.saq_app:settings", "place", "place_once", True),
 }
 RUN = ["--jobs", "200", "--workers", "2", "--kills", "3", "--interval", "0.5", "--job-ms", "50", "--plain"]
 EVIDENCE = ["--payloads", "examples.orders.payloads:order", "--check", "examples.orders.check:rows"]

@@ -43,8 +43,8 @@ job_timeout (180 s as installed) is a hard limit: the horse is killed and the jo
 
 With an [app] (crashbench.designs.app), RQ enqueues the user's function by its dotted path (--task
 module.function, or --app MODULE --task function) with each job's payload, under the same retries and
-timeouts; the ledger comes from RQ's own worker, a subclass whose perform_job (in the work horse)
-records each job's start and whether RQ ran it to success.
+timeouts; the ledger comes from RQ's own worker, given a job class (`job_class`) whose perform, in the
+work horse, records the user's function starting, returning or raising.
 """
 
 from __future__ import annotations
@@ -162,23 +162,30 @@ class RQQueue(LibraryDesign):
         self.queue.enqueue_many(data)
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
-        job_id, app = self._job_id, bool(self.settings.task)
+        job_id = self._job_id
 
         class ReadyWorker(Worker):
             def bootstrap(self, *args: Any, **kwargs: Any) -> None:
                 super().bootstrap(*args, **kwargs)
                 ready()  # registered and about to dequeue
 
-            def perform_job(self, job: RQJob, queue: Queue) -> bool:
-                if not app:  # crashbench's handler writes its own ledger
-                    return bool(super().perform_job(job, queue))
-                user.started(job_id(job.id))  # in the work horse: the user's task is about to run
-                ok = bool(super().perform_job(job, queue))
-                (user.ended if ok else user.failed)(job_id(job.id))
-                return ok
+        class LedgerJob(RQJob):
+            """The job class of an app's worker: the ledger around the user's function itself, in the
+            work horse, where crashbench's handler writes it (after RQ marked the job started)."""
+
+            def perform(self) -> Any:
+                user.started(job_id(self.id))
+                try:
+                    value = super().perform()
+                except BaseException:  # the task raised, or RQ's timeout interrupted it
+                    user.failed(job_id(self.id))
+                    raise
+                user.ended(job_id(self.id))
+                return value
 
         ReadyWorker(
             [self.queue],
+            job_class=LedgerJob if self.settings.task else RQJob,
             connection=self.raw,
             name=f"{self.qname}-{worker}",
             maintenance_interval=self._option("maintenance_interval", self.maintenance_interval),
