@@ -45,6 +45,8 @@ NOT_IN_THESE_RUNS = (
     "worker_crashes", "stuck_workers", "held_at_fault", "acked_during_lag", "not_replicated",
     # the built-in designs' stop takes nothing out of Redis (this reading, taken after it, agrees)
     "taken_by_stop",
+    # no user's check ([app]): tests/test_app*.py read the user's database themselves
+    "effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees",
 )  # fmt: skip
 
 
