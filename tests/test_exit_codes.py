@@ -42,6 +42,10 @@ ALLOWED_EXITS = {
     ("control/zygote.py", "_spare"): "a spare never given work, or whose runner died before it was handed over",
     ("control/reaper.py", "_start"): "the forked watchdog child ends with os._exit, never returning into the runner",
     ("control/proxy.py", "<module>"): "the network fault proxy's own process (python -m): crashbench reads its status",
+    (
+        "designs/app.py",
+        "probe_main",
+    ): "the app probe's own process (under --worker-python): crashbench reads its answer",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
 WORKER_MODULES = {"run/worker.py", "designs/handler.py"}
