@@ -45,7 +45,7 @@ ALLOWED_EXITS = {
     (
         "designs/app.py",
         "probe_main",
-    ): "the app probe's own process (under --worker-python): crashbench reads its answer",
+    ): "the app probe's process (under --worker-python): crashbench reads its answer",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
 WORKER_MODULES = {"run/worker.py", "designs/handler.py"}
