@@ -28,6 +28,7 @@ from crashbench.model.results import DesignRun, Result, group
 # The counts a CI step most likely branches on, summed over the runs: enough to say "3 jobs lost".
 HEADLINE_COUNTS: tuple[str, ...] = (
     "enqueued", "done", "lost", "duplicated", "stranded", "dead_lettered", "failed", "undrained", "unexpected",
+    "effect_missing", "effect_duplicated",  # the user's own check's ([app] check): 0 without one
 )  # fmt: skip
 
 
