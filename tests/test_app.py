@@ -184,3 +184,15 @@ def test_a_timeline_s_effects_are_read_back_only_as_counts(counts: dict[str, obj
     assert tl.effects == {"check": "m:f", "checked": 3, "counts": {"000002": 2}}
     with pytest.raises(ValueError):
         timeline._apply(tl, "effects", {"check": "m:f", "checked": 3, "counts": counts})
+
+
+@pytest.mark.parametrize(
+    ("check", "message"),
+    [("check_raises", "raised for job 0: RuntimeError: the orders database is down"), ("check_says_yes", "'yes'")],
+)
+def test_a_check_that_raises_or_answers_no_count_ends_the_run_in_one_line(
+    orders_db: Path, check: str, message: str
+) -> None:
+    cp = cli(*RQ_PLACE, "--payloads", "tests.apps.orders_rq:payload", "--check", f"tests.apps.orders_rq:{check}")
+    assert cp.returncode == 2 and message in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+    assert len([line for line in cp.stderr.splitlines() if line.startswith("crashbench: error:")]) == 1

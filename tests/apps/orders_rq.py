@@ -21,3 +21,11 @@ def unserializable(n: int) -> object:
 
 
 not_a_function = 42
+
+
+def check_raises(payload: dict[str, object]) -> int:
+    raise RuntimeError("the orders database is down")
+
+
+def check_says_yes(payload: dict[str, object]) -> object:
+    return "yes"
