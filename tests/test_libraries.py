@@ -147,6 +147,8 @@ CELERY_AS_ACKS_LATE = {
     [
         pytest.param("dramatiq:reliable", {}, marks=installed("dramatiq"), id="dramatiq:reliable"),
         pytest.param("celery:acks-late", {}, marks=installed("celery"), id="celery:acks-late"),
+        pytest.param("celery:threads", {}, marks=installed("celery"), id="celery:threads"),
+        pytest.param("celery:solo", {}, marks=installed("celery"), id="celery:solo"),
         pytest.param(
             "celery", {"celery": CELERY_AS_ACKS_LATE}, marks=installed("celery"), id="celery-with-library-settings"
         ),

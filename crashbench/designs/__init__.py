@@ -334,6 +334,8 @@ BUILTIN: dict[str, str] = {
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",
     "celery": "crashbench.designs.celerylib:CeleryQueue",
     "celery:acks-late": "crashbench.designs.celerylib:CeleryAcksLate",
+    "celery:threads": "crashbench.designs.celerylib:CeleryThreads",
+    "celery:solo": "crashbench.designs.celerylib:CelerySolo",
     "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
     "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
     "huey": "crashbench.designs.hueylib:HueyQueue",
@@ -349,7 +351,8 @@ BUILTIN: dict[str, str] = {
 APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "dramatiq", "huey", "arq", "taskiq", "saq")
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
-    "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery",
+    "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery", "celery:threads": "celery",
+    "celery:solo": "celery",
     "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey",
     "taskiq": "taskiq", "taskiq:stream": "taskiq", "taskiq:reliable": "taskiq",
 }  # fmt: skip

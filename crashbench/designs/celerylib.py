@@ -27,6 +27,8 @@ seconds (10 x 10 s as installed): a message comes back up to visibility + interv
                      task_acks_late + task_reject_on_worker_lost, prefetch x1, visibility_timeout
                      above the longest job (LibraryDesign.job_timeout: 1 s for the default 10 ms
                      jobs), and the restore sweep every second (interval 1, throttle 1)
+    celery:threads   celery:acks-late on the threads pool (tasks in threads of the worker process)
+    celery:solo      celery:acks-late on the solo pool (one task, in the worker process itself)
 
 With an [app] (crashbench.designs.app), the user's Celery app runs as the user configured it (acks,
 prefetch, pool, visibility timeout), with its broker (and a Redis result backend) pointed at the run's
@@ -77,6 +79,7 @@ class CeleryQueue(LibraryDesign):
     summary = "Celery 5.x, Redis broker, as installed: early ack, a task killed while running is lost"
     library = "celery"
     acks_late: ClassVar[bool] = False
+    pool: ClassVar[str] = "prefork"  # Celery's worker_pool, as installed; the variants below change it
     runs_apps = True
     # No retries are configured: a task that raised is acked (early, or late: task_acks_on_failure_or_timeout).
     drops_failed = True
@@ -138,6 +141,7 @@ class CeleryQueue(LibraryDesign):
         transport.update(options.pop("broker_transport_options", {}))
         transport["global_keyprefix"] = self.prefix  # crashbench's namespace always wins
         config["worker_concurrency"] = self.concurrency()
+        config["worker_pool"] = self.pool
         return {**config, **options}
 
     def _transport(self, name: str) -> float:
@@ -152,7 +156,8 @@ class CeleryQueue(LibraryDesign):
     def configuration(self) -> dict[str, Any]:
         conf = self.app.conf
         return {
-            "acks_late": bool(conf.task_acks_late), "concurrency": int(conf.worker_concurrency),
+            "acks_late": bool(conf.task_acks_late), "pool": str(conf.worker_pool),
+            "concurrency": int(conf.worker_concurrency),
             "prefetch_multiplier": int(conf.worker_prefetch_multiplier),
             "visibility_timeout_s": self._transport("visibility_timeout"),
             "restore_sweep_s": self.redelivery_s() - self._transport("visibility_timeout"),
@@ -227,3 +232,16 @@ class CeleryAcksLate(CeleryQueue):
     name = "celery:acks-late"
     summary = "Celery 5.x with acks_late + reject_on_worker_lost + a short visibility timeout"
     acks_late = True
+
+
+class CeleryThreads(CeleryAcksLate):
+    name = "celery:threads"
+    summary = "celery:acks-late on the threads pool: tasks run in threads of the worker process itself"
+    pool = "threads"
+
+
+class CelerySolo(CeleryAcksLate):
+    name = "celery:solo"
+    summary = "celery:acks-late on the solo pool: one task at a time, in the worker process itself"
+    pool = "solo"
+    DEFAULT_CONCURRENCY = 1  # the solo pool runs one task, whatever worker_concurrency says
