@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: app-example compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -157,6 +157,12 @@ stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recov
 app-example: $(STAMP) $(ARQ_STAMP)  ## docs/tutorial-your-app.md's table (the example app, naive vs idempotent, per library)
 	rm -rf results/readme/app-example
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/app_example.py run results/readme/app-example --worker-python $(ARQ_PY)
+
+# docs/how-to/libraries.md's line on Celery's pools: celery:acks-late on prefork, threads and solo, 400 jobs, 3 mid-job SIGKILLs.
+celery-pools: $(STAMP)  ## docs/how-to/libraries.md's Celery pools (one run each, results/readme/celery-pools)
+	rm -rf results/readme/celery-pools
+	$(BIN)/crashbench compare --designs celery:acks-late,celery:threads,celery:solo --jobs 400 --kills 3 --plain \
+	  --out results/readme/celery-pools
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
