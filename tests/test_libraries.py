@@ -313,3 +313,20 @@ def test_the_readme_library_table_is_what_its_result_files_give() -> None:
     errors = [line for line in out if line.startswith("- `")]  # each unsupported design's error, in full
     assert errors and all(line in readme for line in errors)
     assert sum("| unsupported: " in row for row in rows) == len(errors)
+
+
+@installed("huey")
+def test_huey_loses_what_a_sigterm_interrupts_and_its_recipe_puts_it_back(small: Scenario) -> None:
+    # SIGTERM is huey's hard stop (coleifer/huey#796): the consumer emits SIGNAL_INTERRUPTED for the task
+    # it was running and exits. As installed that task is gone; huey:requeue's handler enqueues it again.
+    sc = small.replace(jobs=300, job_ms=20, kills=3, interval=0.15, signal="SIGTERM", drain_timeout=10)
+    result = run_designs(sc, ["huey", "huey:requeue"], Options())
+    plain, requeue = result.runs
+    assert plain.problems == [] and requeue.problems == []
+    assert plain.counts.kills_mid_job == requeue.counts.kills_mid_job == 3
+    assert plain.counts.lost == plain.counts.interrupted == 3
+    # Not necessarily the task it was running as the signal came: the ledger's open executions are the lost.
+    assert plain.timeline is not None
+    assert set(plain.jobs["lost"]) == {ex.job for ex in plain.timeline.executions if ex.end is None}
+    assert (requeue.counts.lost, requeue.counts.stranded) == (0, 0) and requeue.counts.done == 300
+    assert requeue.counts.redelivered >= requeue.counts.interrupted >= 1  # each interrupted task ran again

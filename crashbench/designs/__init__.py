@@ -339,6 +339,7 @@ BUILTIN: dict[str, str] = {
     "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
     "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
     "huey": "crashbench.designs.hueylib:HueyQueue",
+    "huey:requeue": "crashbench.designs.hueylib:HueyRequeue",
     "arq": "crashbench.designs.arqlib:ArqQueue",
     "arq:reliable": "crashbench.designs.arqlib:ArqReliable",
     "taskiq": "crashbench.designs.taskiqlib:TaskiqList",
@@ -353,7 +354,7 @@ APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "dramatiq", "huey", "arq", "ta
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery", "celery:threads": "celery",
     "celery:solo": "celery",
-    "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey",
+    "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey", "huey:requeue": "huey",
     "taskiq": "taskiq", "taskiq:stream": "taskiq", "taskiq:reliable": "taskiq",
 }  # fmt: skip
 

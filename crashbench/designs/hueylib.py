@@ -12,7 +12,9 @@ Each list / sorted-set member is the whole message, so whatever holds one holds 
 
 huey pops a message off the list (RPOP) and runs it: nothing in Redis remembers a task a worker
 holds, so a worker killed while running it loses it (at-most-once), like the naive design. huey has
-no acknowledgement setting for Redis storage, so there is no second configuration.
+no acknowledgement setting for Redis storage. SIGTERM is a hard stop (coleifer/huey#796): the consumer
+stops at once and emits SIGNAL_INTERRUPTED for each task still running, which `huey:requeue` answers
+with huey's documented recipe, enqueueing the task again (a SIGKILL emits nothing: still lost).
 
 With an [app] (crashbench.designs.app), `--app module:huey` names the user's huey instance (a
 RedisHuey, PriorityRedisHuey, ...; another storage, memory, SQLite, files, is refused) and `--task` a
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from huey import RedisHuey, signals
@@ -69,6 +71,7 @@ class HueyQueue(LibraryDesign):
     namespaced = False
     runs_apps = True
     drops_failed = True  # no retries configured: huey logs a task that raised and forgets it
+    requeue_interrupted: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -118,6 +121,8 @@ class HueyQueue(LibraryDesign):
         self.huey.on_startup()(ready)  # runs in the worker thread, as it starts taking tasks
         if self.settings.task:
             self._ledger()
+        if self.requeue_interrupted:  # huey's documented recipe: put an interrupted task back
+            self.huey.signal(signals.SIGNAL_INTERRUPTED)(lambda signal, task, *_: self.huey.enqueue(task))
         self.huey.create_consumer(workers=self.concurrency(), worker_type="thread", check_worker_health=False).run()
 
     def _ledger(self) -> None:
@@ -137,7 +142,8 @@ class HueyQueue(LibraryDesign):
         self.huey.signal(signals.SIGNAL_COMPLETE, *FAILED_SIGNALS)(settled)
 
     def configuration(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency(), "ack": "none (RPOP)"}
+        requeue = self.requeue_interrupted
+        return {"concurrency": self.concurrency(), "ack": "none (RPOP)", "requeue_interrupted": requeue}
 
     def backlog(self) -> int:
         return int(self.huey.pending_count() + self.huey.scheduled_count())
@@ -177,3 +183,9 @@ class HueyQueue(LibraryDesign):
                 if (job := self._message_job(raw)) is not None:
                     found.add(job, where, kind)
         return found
+
+
+class HueyRequeue(HueyQueue):
+    name = "huey:requeue"
+    summary = "huey with its recipe for interrupted tasks: a SIGTERM's hard stop puts the running task back"
+    requeue_interrupted = True
