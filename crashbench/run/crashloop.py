@@ -24,9 +24,12 @@ from crashbench.model.workload import Workload
 
 
 class CrashLoop:
-    def __init__(self, workload: Workload, ledger: Ledger) -> None:
+    def __init__(self, workload: Workload, ledger: Ledger, configuration: dict[str, object] | None = None) -> None:
+        """`configuration`: the result's, given the memory limit the workers put on themselves, if any."""
         self.workload, self.ledger = workload, ledger
         self.active = workload.crash_rate > 0
+        if configuration is not None and self.active and workload.crash_how == "memory":
+            configuration["crash_memory_limit"] = memlimit.method()
         self._crash: dict[int, bool] = {}  # job code -> whether it is a crash job
         self._seen = 0  # ledger rows looked at by `starts`
         self._again = 0  # ... of which a crash job's start after its first
@@ -37,12 +40,6 @@ class CrashLoop:
         if found is None:
             found = self._crash[code] = self.workload.crashes(jobids.name(code))
         return found
-
-    def configuration(self) -> dict[str, str]:
-        """For the result's configuration: the memory limit the workers put on themselves, if any."""
-        if self.active and self.workload.crash_how == "memory":
-            return {"crash_memory_limit": memlimit.method()}
-        return {}
 
     def explains(self, worker: str) -> bool:
         """Did `worker`, which exited on its own, die of a crash job (one open in its final ledger)?"""

@@ -38,8 +38,7 @@ from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.model.results import DesignRun, WorkerExit
 from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids
-from crashbench.run import collect, reading
-from crashbench.run.crashloop import CrashLoop
+from crashbench.run import collect, crashloop, reading
 from crashbench.run.drain import WATCH_S, drain, watch
 from crashbench.run.effects import AppRun
 from crashbench.run.harness import Harness, Workers
@@ -101,8 +100,7 @@ class CrashRun:
         self._inspect(url)
         self.window = scenario.run.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
-        self.crashloop = CrashLoop(self.sc.workload_model(), self.ledger)
-        self.configuration |= self.crashloop.configuration()
+        self.crashloop = crashloop.CrashLoop(self.sc.workload_model(), self.ledger, self.configuration)
         self._plan()
         self._empty_records()
 
@@ -165,8 +163,7 @@ class CrashRun:
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
         self.t0 = 0.0
-        self._next_recover = 0.0
-        self._next_progress = 0.0
+        self._next_recover = self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
         self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
