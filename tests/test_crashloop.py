@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.errors import ScenarioError
+from crashbench.model.results import DesignRun
 from crashbench.model.spec import Scenario
 from crashbench.model.workload import Workload, job_ids
 from crashbench.run.session import Options, run_designs
@@ -41,7 +42,7 @@ def ledger_of(workdir: str | None) -> dict[int, list[independent.Run]]:
     return out
 
 
-def run_one(sc: Scenario, design: str):  # noqa: ANN201 - a DesignRun
+def run_one(sc: Scenario, design: str) -> DesignRun:
     return run_designs(sc, [design], Options(keep=True)).runs[0]
 
 
@@ -58,7 +59,8 @@ def test_reliable_dead_letters_exactly_the_crash_jobs_after_max_attempts_each() 
     assert {n: len(runs[n]) for n in crashing} == dict.fromkeys(crashing, 3)
     assert all(r.end is None for n in crashing for r in runs[n])
     assert run.problems == []
-    assert c.crash_jobs == len(crashing) and c.crash_attempts == sum(len(runs[n]) for n in crashing) == 3 * len(crashing)
+    assert c.crash_jobs == len(crashing)
+    assert c.crash_attempts == sum(len(runs[n]) for n in crashing) == 3 * len(crashing)
     assert {independent.number(j) for j in run.jobs["dead_lettered"]} == crashing
     assert (c.dead_lettered, c.lost, c.stranded, c.crash_looping) == (len(crashing), 0, 0, 0)
     assert c.done == sc.workload.jobs - len(crashing)
