@@ -25,7 +25,7 @@ from crashbench.model.faults import OLD_NAMES
 from crashbench.model.results import Result
 from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import Threshold
-from crashbench.model.workload import DISTRIBUTIONS
+from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
 from crashbench.report import export, recount, store
 from crashbench.report.render import progress_line, result_table
 from crashbench.run.progress import Progress
@@ -113,6 +113,8 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--poison-rate", "poison_rate", FINITE, "Share of jobs whose handler always raises, 0..1 (workload.poison_rate)."),
     ("--transient-rate", "transient_rate", FINITE, "Share of jobs that raise on their first attempts, 0..1 (workload.transient_rate)."),
     ("--transient-failures", "transient_failures", int, "How many first attempts of a transient job raise (workload.transient_failures)."),
+    ("--crash-rate", "crash_rate", FINITE, "Share of jobs whose handler kills its own worker on every attempt, 0..1 (workload.crash_rate)."),
+    ("--crash-how", "crash_how", click.Choice(CRASH_HOW), "How a crash job dies: sigkill, exit (os._exit), memory (past a memory limit) (workload.crash_how)."),
     ("--produce", "produce", click.Choice(PRODUCE), "before: enqueue every job before the workers start; during: over --produce-s seconds while they run (workload.produce)."),
     ("--kills", "kills", int, "Faults to inject (faults.kills)."),
     ("--interval", "interval", FINITE, "Seconds between faults (faults.interval)."),

@@ -231,6 +231,9 @@ def count(
     # Nothing to hash when the workload fails nothing (most runs; a million ids take seconds).
     failing = workload if workload is not None and (workload.poison_rate or workload.transient_rate) else None
     ids = JobIds(enq.codes)
+    crash_codes = {c for c in enq.codes if workload.crashes(name(c))} if workload and workload.crash_rate else set()
+    held = classes["stranded"] | classes["undrained"]
+    bound = settings.max_attempts if settings else DesignSettings().max_attempts
     counts = Counts(
         enqueued=enq.n,
         done=len(done),
@@ -259,6 +262,9 @@ def count(
         poison_jobs=sum(1 for j in ids if failing.is_poison(j)) if failing else 0,
         transient_jobs=sum(1 for j in ids if failing.is_transient(j)) if failing else 0,
         failing_jobs=sum(1 for j in ids if failing.fails(j, 1)) if failing else 0,
+        crash_jobs=len(crash_codes),
+        crash_attempts=sum(1 for c in runs.jobs if c in crash_codes) if crash_codes else 0,
+        crash_looping=sum(1 for c in crash_codes if name(c) in held and len(starts.get(c, ())) > bound),
         stranded_at=dict(sorted(where.items())),
         taken_by_stop=len(classes["taken_by_stop"]),
         indeterminate=len(indeterminate_ids),

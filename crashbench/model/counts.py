@@ -43,6 +43,12 @@ class Counts:
     poison_jobs: int = 0  # enqueued jobs the workload makes fail on every attempt
     transient_jobs: int = 0  # enqueued jobs the workload makes fail on their first attempts
     failing_jobs: int = 0  # poison_jobs + transient_jobs: the jobs whose first attempt raises
+    # a crash loop (workload.crash_rate): jobs whose handler kills its own process on every attempt
+    crash_jobs: int = 0  # enqueued jobs the workload makes crash
+    crash_attempts: int = 0  # ... their executions, in all (each one a death of the process running it)
+    # ... still held at the end (stranded or undrained) after more executions than queue.max_attempts:
+    # retried without end, nothing in the queue stopped the loop
+    crash_looping: int = 0
     # broker faults (a killed or failed-over server)
     indeterminate: int = 0  # enqueues that errored or timed out (or were not replicated in time)
     recovered: int = 0  # ... of which the job was done all the same

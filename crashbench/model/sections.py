@@ -26,6 +26,8 @@ class WorkloadSpec:
     poison_rate: float = 0.0  # share of jobs whose handler always raises
     transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
     transient_failures: int = 1
+    crash_rate: float = 0.0  # share of jobs whose handler kills its own process on every attempt (a crash loop)
+    crash_how: str = "sigkill"  # how: sigkill, exit (os._exit), memory (allocates past the worker's memory limit)
     produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
 
     @property

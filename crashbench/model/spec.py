@@ -134,7 +134,8 @@ class Scenario:
         for key in ("name", "description", "source", "seed"):
             data.pop(key)
         # Settings added later, at their defaults: older results keep their fingerprint.
-        later = (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before"))
+        later = (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before"),
+                 ("crash_rate", 0.0), ("crash_how", "sigkill"))  # fmt: skip
         for key, default in (*later, *((name, "") for name in flat(AppSpec()))):
             if data[key] == default:
                 data.pop(key)

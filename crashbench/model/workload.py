@@ -6,6 +6,11 @@ every replay agree: how long its handler runs, and whether (and on which attempt
     longtail   Pareto (alpha 1.16, the 80/20 tail) with median job_ms, capped at job_ms_max
     poison     a job with probability poison_rate: its handler raises on every attempt
     transient  a job with probability transient_rate: raises on its first transient_failures attempts
+    crash      a job with probability crash_rate: its handler kills its own process on every attempt
+               (crash_how: sigkill, exit or memory; crashbench.designs.handler.crash), a crash loop
+
+Each of poison, transient and crash is drawn from a uniform of its own (seed, job, purpose), so the
+rates need not add up to 1; a crash job is never poison nor transient (it dies before it could raise).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from crashbench.jobids import JobIds, plain, wire
 from crashbench.model.queue import Job
 
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
+# How a crash job kills the process that runs it (crashbench.designs.handler.crash)
+CRASH_HOW = ("sigkill", "exit", "memory")
 PARETO_ALPHA = 1.16
 
 
@@ -42,6 +49,8 @@ class Workload:
     poison_rate: float = 0.0
     transient_rate: float = 0.0
     transient_failures: int = 1
+    crash_rate: float = 0.0
+    crash_how: str = "sigkill"
     seed: int = 1
 
     def to_json(self) -> str:
@@ -68,13 +77,18 @@ class Workload:
             ms = min(ms, self.job_ms_max or 100 * self.job_ms)
         return ms / 1000
 
+    def crashes(self, job: str) -> bool:
+        """Does the handler of `job` kill its own process, on every attempt (a crash loop)?"""
+        return self.crash_rate > 0 and self._uniform(job, "crash") < self.crash_rate
+
     def is_poison(self, job: str) -> bool:
-        return self.poison_rate > 0 and self._uniform(job, "poison") < self.poison_rate
+        return self.poison_rate > 0 and self._uniform(job, "poison") < self.poison_rate and not self.crashes(job)
 
     def is_transient(self, job: str) -> bool:
         return (
             self.transient_rate > 0
             and not self.is_poison(job)
+            and not self.crashes(job)
             and self._uniform(job, "transient") < self.transient_rate
         )
 

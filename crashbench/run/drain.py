@@ -10,6 +10,9 @@ while handlers still start is `cut_off`, its backlog undrained rather than stran
 Progress is a handler starting or the backlog changing: a sweep that takes a dead worker's jobs one
 after another, 5 s each, without running them (saq as installed) is still at work, however many it
 has to take; the window covers the longest wait between two steps of a recovery, not the whole of it.
+In a crash loop (crashbench.run.crashloop) neither counts when it is the loop going round: a crash job
+started again is not a start (the runner's `started` leaves it out), and the backlog, which goes up and
+down with the loop itself, is not read for progress (`moves` False), so the window ends the loop.
 
 Once drained, the workers keep running for WATCH_S more (`watch`): a handler that starts then, or a
 backlog() above 0 again, shows the 0 was wrong (crashbench.evidence.checks: backlog_wrong); jobs still
@@ -46,6 +49,7 @@ def drain(
     window: float,
     settle: float,
     period: float = 0.005,
+    moves: bool = True,  # a change of the backlog is progress (False: a crash loop's backlog goes round)
 ) -> Drained:
     next_check = 0.0
     empty_since: float | None = None
@@ -65,7 +69,7 @@ def drain(
             next_check = now + 0.02
             held = backlog()
             if held >= 0:
-                if held != last and last >= 0:  # a recovery at work without running anything (saq's sweep)
+                if held != last and last >= 0 and moves:  # a recovery at work without running anything (saq's sweep)
                     deadline = now + window
                 last = held
             if busy() or held != 0:

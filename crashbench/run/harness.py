@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 
-from crashbench.control import connect, workdirs
+from crashbench.control import connect, memlimit, workdirs
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.server import cleanup_keys
 from crashbench.control.supervisor import Supervisor
@@ -131,6 +131,7 @@ class Harness:
         remove the directory, or, with `keep`, mark it kept (the next orphan sweep leaves it alone)."""
         try:
             self.ledger.close()
+            memlimit.remove_cgroups()  # a memory crash's cgroups (crashbench.control.memlimit), if any
             if clean_keys:
                 with contextlib.suppress(redis.RedisError):
                     cleanup_keys(self.url, self.prefix)

@@ -38,7 +38,7 @@ from crashbench.model.queue import Located, Receipts, receipts
 from crashbench.model.results import DesignRun, WorkerExit
 from crashbench.model.spec import Scenario
 from crashbench.model.workload import job_ids
-from crashbench.run import collect, reading
+from crashbench.run import collect, crashloop, reading
 from crashbench.run.drain import WATCH_S, drain, watch
 from crashbench.run.effects import AppRun
 from crashbench.run.harness import Harness, Workers
@@ -100,6 +100,7 @@ class CrashRun:
         self._inspect(url)
         self.window = scenario.run.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
+        self.crashloop = crashloop.CrashLoop(self.sc.workload_model(), self.ledger, self.configuration)
         self._plan()
         self._empty_records()
 
@@ -162,8 +163,7 @@ class CrashRun:
         self.exits: list[WorkerExit] = []
         self.phase = "starting"
         self.t0 = 0.0
-        self._next_recover = 0.0
-        self._next_progress = 0.0
+        self._next_recover = self._next_progress = 0.0
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
         self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
@@ -242,10 +242,9 @@ class CrashRun:
             self.phase = "draining"
             self.marks.append((self.clock(), "drain", -1))
             ended = drain(
-                self._tick, self.clock, lambda: len(self.ledger.executions),
-                lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
+                self._tick, self.clock, self.crashloop.starts, lambda: self.crashloop.busy(self.sup.alive()),
                 lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S,
-                self.TICK,
+                self.TICK, moves=not self.crashloop.active,
             )  # fmt: skip
             if not self.worker_faults.later or not ended.drained:  # never drained: they are never due
                 break
@@ -308,7 +307,8 @@ class CrashRun:
         for w in self.sup.reap():
             if w.signalled is not None:
                 continue
-            self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
+            if not self.crashloop.explains(w.name):  # a crash job's death is the workload's (run.crashloop)
+                self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
             if len(self.exits) > 2 * self.sc.workload.workers:
                 if not self.down:
                     self.harness.client.ping()  # workers that died of a lost server: that is the error (exit 3)

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from crashbench.control import connect
+from crashbench.control import connect, memlimit
 from crashbench.control.connect import DOWN
 from crashbench.control.interpreter import URL_ENV
 from crashbench.designs import Design, LibraryDesign, load_design
+from crashbench.designs.handler import crash
 from crashbench.model.ledger import LedgerWriter
 from crashbench.model.queue import DesignSettings, Job
 from crashbench.model.workload import Workload
@@ -88,7 +89,16 @@ def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
         design.heartbeat(name, job, time.monotonic())
     if remaining > 0:
         time.sleep(remaining)
+    if spec.workload.crash_rate and spec.workload.crashes(job.id):
+        crash(spec.workload.crash_how)  # the job kills this worker (a crash loop); never returns
     return not spec.workload.fails(job.id, job.attempt)
+
+
+def limit_memory(spec: WorkerSpec, name: str) -> None:
+    """Crash jobs that die of memory need a limit to blow: set before the worker runs any job
+    (crashbench.control.memlimit), inherited by what a library forks."""
+    if spec.workload.crash_rate and spec.workload.crash_how == "memory":
+        memlimit.limit(name)
 
 
 def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
@@ -100,6 +110,7 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     design = Connector(spec, name).design()
     assert isinstance(design, LibraryDesign)
     ledger = LedgerWriter(ledger_path)
+    limit_memory(spec, name)
     design.start_worker(name, time.monotonic())
     said: list[bool] = []
 
@@ -212,6 +223,7 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
         # it waits for the server, as a running worker does.
         design = connect.again()
         design.start_worker(name, clock())
+    limit_memory(spec, name)
     ledger.ready(clock())
     wait_gate(gate)
 

@@ -166,6 +166,8 @@ def _app(sc: Scenario) -> list[str]:
     p = [f"app.{k} must be a string, not {_show(v)}" for k, v in values.items() if not isinstance(v, str)]
     if not p and not values["task"] and any(values.values()):
         p.append("app.task is missing: name the task of your app to enqueue (--task)")
+    if not p and values["task"] and _num(sc.workload.crash_rate) > 0:
+        p.append("workload.crash_rate: crash jobs die in crashbench's own handler; your task ([app] task) runs yours")
     return p
 
 

@@ -10,11 +10,11 @@ from typing import Any
 from crashbench.faults.signals import FAULT_SIGNALS as FAULT_SIGNALS  # the worker-signal family's vocabulary
 from crashbench.faults.signals import KILL_TARGETS as KILL_TARGETS
 from crashbench.faults.signals import KILL_WHEN as KILL_WHEN
-from crashbench.model.workload import DISTRIBUTIONS
+from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
-                 "transient_failures", "produce"),
+                 "transient_failures", "crash_rate", "crash_how", "produce"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
@@ -74,6 +74,7 @@ SHARE = Bound(False, 0, True, 1)
 NUMBERS: dict[str, Bound] = {
     "jobs": POSITIVE_INT, "job_ms": NON_NEGATIVE, "workers": POSITIVE_INT, "job_ms_max": NON_NEGATIVE,
     "poison_rate": SHARE, "transient_rate": SHARE, "transient_failures": POSITIVE_INT,
+    "crash_rate": SHARE,
     "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
     "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
@@ -83,13 +84,14 @@ NUMBERS: dict[str, Bound] = {
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {
-    "job_dist": DISTRIBUTIONS, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN, "kill_target": KILL_TARGETS,
-    "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE, "stream_trim": STREAM_TRIM,
+    "job_dist": DISTRIBUTIONS, "crash_how": CRASH_HOW, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN,
+    "kill_target": KILL_TARGETS, "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE,
+    "stream_trim": STREAM_TRIM,
 }  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
-    if name not in ("job_dist", "signal", "kill_when", "designs", "kill_target", "fault", "persistence", "produce",
-                    "stream_trim")
+    if name not in ("job_dist", "crash_how", "signal", "kill_when", "designs", "kill_target", "fault", "persistence",
+                    "produce", "stream_trim")
 )  # fmt: skip
