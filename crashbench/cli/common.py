@@ -20,6 +20,7 @@ from crashbench import __version__, faults
 from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
+from crashbench.faults.deploy import deploy_option
 from crashbench.model import thresholds
 from crashbench.model.faults import OLD_NAMES
 from crashbench.model.results import Result
@@ -220,6 +221,7 @@ SESSION_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH", help="Scenario name in scenarios/ or a TOML path. [default: default]"),
     *[click.option(flag, field, type=kind, help=text) for flag, field, kind, text in OVERRIDES],
     click.option("--network", multiple=True, metavar="KEY=V,...", help="Add a network fault, with a [[faults]] network entry's keys: toxic=timeout,at=1,duration=2 (slot=N or workers=K; the toxic's attributes, e.g. latency=200,jitter=50). Repeatable."),
+    click.option("--deploy", multiple=True, metavar="GRACE[,KEY=V,...]", help="Add a rolling restart, with a [[faults]] deploy entry's keys: its grace first, e.g. 30 or 2,surge=after-exit,at=1 (slots=0+2, target=tree, pause=1). Repeatable."),
     *WHERE_OPTIONS,
     click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Run everything N times with seeds --seed, --seed+1, ...; the table shows median (min-max), the JSON keeps every run."),
     click.option("--threshold", "-t", "thresholds", multiple=True, metavar="RULE", help="A threshold besides the scenario's [expect.*]: [DESIGN: ]METRIC[.STAT] OP VALUE, e.g. lost=0, 'reliable: duplicated<=2', recovery_p95<2s. Repeatable."),
@@ -265,6 +267,13 @@ def build_scenario(opts: dict[str, Any]) -> Scenario:
         except ValueError as exc:
             raise UsageError(
                 f"--network {text!r}: {exc}", hint="e.g. --network toxic=timeout,at=1,duration=2"
+            ) from None
+    for text in opts.get("deploy", ()):
+        try:
+            entries.append(deploy_option(text))
+        except ValueError as exc:
+            raise UsageError(
+                f"--deploy {text!r}: {exc}", hint="e.g. --deploy 30 or --deploy 2,surge=after-exit"
             ) from None
     return with_overrides(sc, schedule=(*sc.faults.schedule, *entries)) if entries else sc
 

@@ -78,6 +78,13 @@ class Counts:
     # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
     # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
     not_replicated: int = 0
+    # deploys, rolling restarts (crashbench.faults.deploy): SIGTERM to each worker in turn, SIGKILL at the grace's end
+    rollouts: int = 0  # rolling restarts made
+    deploy_stops: int = 0  # workers a rollout sent SIGTERM to
+    deploy_graceful: int = 0  # ... that exited before their grace ended (whatever they did with their jobs)
+    deploy_killed: int = 0  # ... still alive when their grace ended: their tree SIGKILLed
+    deploy_interrupted: int = 0  # jobs started in a worker a rollout stopped that never ended there (its final ledger)
+    deploy_lost: int = 0  # ... of which lost: what the rollouts cost (per rollout: deploy_lost / rollouts)
     # consumers the streams' groups still held at the harness's final reading (XINFO CONSUMERS): a
     # name stays until deleted, so without a cleanup each killed consumer is left behind
     consumers: int = 0

@@ -78,7 +78,21 @@ class NetworkFault(Fault):
     toxic: dict[str, Any] = field(default_factory=dict)  # name, direction, attributes
 
 
-FaultSpec = Fault | SignalFault | NetworkFault  # a planned fault, of whichever family
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeployFault(Fault):
+    """A rolling restart of the workers in `slots`, in turn (crashbench.faults.deploy): SIGTERM to each,
+    SIGKILL to its tree if it is still alive `grace` s later; its replacement started at the SIGTERM
+    ("at-once") or once it exited ("after-exit"); the next one's turn `pause` s after that replacement's READY."""
+
+    kind: str = "deploy"
+    slots: tuple[int, ...] = ()
+    grace: float = 30.0
+    surge: str = "at-once"
+    target: str = "parent"  # a process-tree worker's SIGTERM: the worker alone (a container's PID 1), or the tree
+    pause: float = 0.0
+
+
+FaultSpec = Fault | SignalFault | NetworkFault | DeployFault  # a planned fault, of whichever family
 
 # How a planned fault was written before the union (every kind's fields, in this order): results and
 # timelines keep this shape, so files written before and after read alike, and stay comparable.
@@ -90,12 +104,14 @@ def fault_dict(f: Fault) -> dict[str, Any]:
     """A planned fault as results and timelines store it: every key of every kind, the inapplicable at
     their defaults."""
     own = {name: getattr(f, name) for name in _ORDER if hasattr(f, name)}
-    return {name: own.get(name, _LEGACY.get(name)) for name in _ORDER}
+    # A kind's keys beyond these (a deploy's grace, surge, pause) follow them, for that kind alone.
+    extra = {x.name: getattr(f, x.name) for x in fields(f) if x.name not in _ORDER}
+    return {**{name: own.get(name, _LEGACY.get(name)) for name in _ORDER}, **extra}
 
 
 def fault_class(kind: str) -> type[Fault]:
     """The record a planned fault of this kind is."""
-    return {"signal": SignalFault, "network": NetworkFault}.get(kind, Fault)
+    return {"signal": SignalFault, "network": NetworkFault, "deploy": DeployFault}.get(kind, Fault)
 
 
 def fault_of(data: dict[str, Any]) -> Fault:
