@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from crashbench.bench import BenchSettings, run_bench
 from crashbench.cli import common as base
+from crashbench.cli.overrides import FiniteFloat
 from crashbench.errors import UsageError
 from crashbench.report import store
 from crashbench.report.render import bench_tables
@@ -35,7 +36,7 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
     "--jobs", type=click.IntRange(min=1), default=BenchSettings().jobs, show_default=True, help="Jobs per measurement."
 )
 @click.option(
-    "--job-ms", type=base.FiniteFloat(min=0), default=0.0, show_default=True, help="Handler duration; 0 = no-op jobs."
+    "--job-ms", type=FiniteFloat(min=0), default=0.0, show_default=True, help="Handler duration; 0 = no-op jobs."
 )
 @click.option(
     "--repeat",

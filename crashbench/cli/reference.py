@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from crashbench.cli import cli
-from crashbench.cli.common import OVERRIDES
+from crashbench.cli.overrides import OVERRIDES
 from crashbench.designs import Design
 from crashbench.errors import ExitCode
 from crashbench.evidence import tally
