@@ -47,6 +47,8 @@ NOT_IN_THESE_RUNS = (
     "taken_by_stop",
     # no user's check ([app]): tests/test_app*.py read the user's database themselves
     "effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees",
+    # no deploy fault (tests/test_deploy.py reads each stopped worker's ledger itself)
+    "rollouts", "deploy_stops", "deploy_graceful", "deploy_killed", "deploy_interrupted", "deploy_lost",
     # no crash jobs (workload.crash_rate): tests/test_crashloop.py reads their ledgers itself
     "crash_jobs", "crash_attempts", "crash_looping",
 )  # fmt: skip
