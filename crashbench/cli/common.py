@@ -114,6 +114,8 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--transient-rate", "transient_rate", FINITE, "Share of jobs that raise on their first attempts, 0..1 (workload.transient_rate)."),
     ("--transient-failures", "transient_failures", int, "How many first attempts of a transient job raise (workload.transient_failures)."),
     ("--produce", "produce", click.Choice(PRODUCE), "before: enqueue every job before the workers start; during: over --produce-s seconds while they run (workload.produce)."),
+    ("--delay-s", "delay_s", FINITE, "Delay each job this many seconds through the library's own delay API; 0 = none (workload.delay_s)."),
+    ("--delay-share", "delay_share", FINITE, "Share of jobs delayed when --delay-s > 0, 0..1 (workload.delay_share)."),
     ("--kills", "kills", int, "Faults to inject (faults.kills)."),
     ("--interval", "interval", FINITE, "Seconds between faults (faults.interval)."),
     ("--signal", "signal", str, f"Fault signal: {', '.join(FAULT_SIGNALS)}; SIGSTOP pauses for --pause s (faults.signal)."),

@@ -27,6 +27,8 @@ class WorkloadSpec:
     transient_rate: float = 0.0  # share of jobs whose handler raises on its first transient_failures attempts
     transient_failures: int = 1
     produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
+    delay_s: float = 0.0  # a delayed job is due this many seconds after its enqueue (the library's own delay API)
+    delay_share: float = 1.0  # share of jobs delayed when delay_s > 0 (the others are due at once)
 
     @property
     def longest_job_s(self) -> float:

@@ -6,6 +6,7 @@ every replay agree: how long its handler runs, and whether (and on which attempt
     longtail   Pareto (alpha 1.16, the 80/20 tail) with median job_ms, capped at job_ms_max
     poison     a job with probability poison_rate: its handler raises on every attempt
     transient  a job with probability transient_rate: raises on its first transient_failures attempts
+    delayed    a job with probability delay_share, when delay_s > 0: due delay_s after its enqueue
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def job_ids(n: int) -> JobIds:
     return JobIds(range(n))
 
 
-def jobs_for(ids: Sequence[str], token: str = "") -> list[Job]:
+def jobs_for(ids: Sequence[str], token: str = "", workload: Workload | None = None) -> list[Job]:
     """The run's jobs for these ids, each id with the run's token before it (crashbench.jobids); the
-    payload carries the job's number."""
-    return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
+    payload carries the job's number; each delayed job (`workload`) its delay."""
+    if workload is None or not workload.delay_s:
+        return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
+    return [Job(wire(j, token), f'{{"n": {int(j)}}}', delay_s=workload.delay_of(j)) for j in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,8 @@ class Workload:
     poison_rate: float = 0.0
     transient_rate: float = 0.0
     transient_failures: int = 1
+    delay_s: float = 0.0
+    delay_share: float = 1.0
     seed: int = 1
 
     def to_json(self) -> str:
@@ -67,6 +72,15 @@ class Workload:
             ms = self.job_ms * ((1 - u) ** (-1 / PARETO_ALPHA)) / 2 ** (1 / PARETO_ALPHA)
             ms = min(ms, self.job_ms_max or 100 * self.job_ms)
         return ms / 1000
+
+    def delay_of(self, job: str) -> float:
+        """Seconds after its enqueue `job` is due: delay_s for a delayed job (a share delay_share of
+        them, fixed by seed and id), else 0."""
+        if not self.delay_s:
+            return 0.0
+        if self.delay_share >= 1 or self._uniform(job, "delay") < self.delay_share:
+            return self.delay_s
+        return 0.0
 
     def is_poison(self, job: str) -> bool:
         return self.poison_rate > 0 and self._uniform(job, "poison") < self.poison_rate
