@@ -47,6 +47,8 @@ NOT_IN_THESE_RUNS = (
     "taken_by_stop",
     # no user's check ([app]): tests/test_app*.py read the user's database themselves
     "effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees",
+    # no delayed workload (workload.delay_s): tests/test_delayed.py reads the due times itself
+    "early_starts",
 )  # fmt: skip
 
 
