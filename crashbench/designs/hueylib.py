@@ -72,7 +72,8 @@ class HueyQueue(LibraryDesign):
     namespaced = False
     runs_apps = True
     drops_failed = True  # no retries configured: huey logs a task that raised and forgets it
-    delays = True  # task.schedule(delay=): huey.schedule.N; the consumer's scheduler moves it due, each second
+    # task.schedule(delay=): the message goes to the queue with its eta; a worker RPOPs it and adds it to
+    delays = True  # huey.schedule.N, which the consumer's scheduler reads every second, enqueueing what is due
     requeue_interrupted: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:

@@ -245,7 +245,7 @@ class CrashRun:
                 self._tick, self.clock, lambda: len(self.ledger.executions),
                 lambda: any(self.ledger.inside(w.name) for w in self.sup.alive()),
                 lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S,
-                self.TICK,
+                self.TICK, collect.last_due(self),
             )  # fmt: skip
             if not self.worker_faults.later or not ended.drained:  # never drained: they are never due
                 break
