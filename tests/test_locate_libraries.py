@@ -315,3 +315,39 @@ def test_arq_holds_a_job_only_while_its_job_key_exists(client: redis.Redis, raw:
     assert found.failed == {"000003"}
     state = d.state()
     assert "000001" in state.held and state.failed == found.failed  # the design's own report keeps 000001
+
+
+# Where a delayed job (Job.delay_s: the library's own delay API) waits, as each adapter reads it.
+DELAYED_PLACES = {
+    "rq": (["scheduled"], True),  # rq:scheduled:<Q>, scored by its due time
+    "dramatiq": (["delayed:queue"], True),  # the delay queue Q.DQ
+    # huey enqueues it with its eta; a consumer's worker pops it and only then adds it to huey.schedule.N
+    "huey": (["queue"], False),
+    "saq": (["incomplete"], True),  # `incomplete` scored by its due time, in no list yet
+    "arq": (["queue"], False),  # the queue's score is its due time: the snapshot keeps no scores
+    "celery": (["queue"], False),  # the message, with its eta, until a worker takes it (below)
+}
+
+
+@pytest.mark.parametrize(
+    "spec", [pytest.param(s, marks=installed(s)) if s not in ("arq", "saq") else s for s in DELAYED_PLACES]
+)
+def test_a_delayed_job_is_located_where_its_library_keeps_it(
+    client: redis.Redis, raw: redis.Redis, run_id: str, spec: str
+) -> None:
+    d = _design(client, spec, run_id, 1)
+    try:
+        d.enqueue([Job(j, delay_s=60.0) for j in JOBS])
+        found = _locate(d, raw)
+        places, delayed = DELAYED_PLACES[spec]
+        assert _held(found) == {j: places for j in JOBS}
+        assert found.delayed == (set(JOBS) if delayed else set())
+        assert set(d.state().held) == set(found.held)
+        if spec == "celery":  # a worker took one: kombu holds it in memory, unacked in Redis, until its eta
+            taken, message = _celery_message(raw, d.prefix + "jobs")
+            raw.hset(d.prefix + "unacked", "tag-1", json.dumps([json.loads(message), "", "jobs"]))
+            raw.zadd(d.prefix + "unacked_index", {"tag-1": time.time()})
+            assert _held(_locate(d, raw))[taken] == ["unacked:eta"]
+    finally:
+        if spec == "celery":
+            d.app.close()  # type: ignore[attr-defined]

@@ -51,6 +51,8 @@ NOT_IN_THESE_RUNS = (
     "rollouts", "deploy_stops", "deploy_graceful", "deploy_killed", "deploy_interrupted", "deploy_lost",
     # no crash jobs (workload.crash_rate): tests/test_crashloop.py reads their ledgers itself
     "crash_jobs", "crash_attempts", "crash_looping",
+    # no delayed workload (workload.delay_s): tests/test_delayed.py reads the due times itself
+    "early_starts",
 )  # fmt: skip
 
 

@@ -54,6 +54,8 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--crash-rate", "crash_rate", FINITE, "Share of jobs whose handler kills its own worker on every attempt, 0..1 (workload.crash_rate)."),
     ("--crash-how", "crash_how", click.Choice(CRASH_HOW), "How a crash job dies: sigkill, exit (os._exit), memory (past a memory limit) (workload.crash_how)."),
     ("--produce", "produce", click.Choice(PRODUCE), "before: enqueue every job before the workers start; during: over --produce-s seconds while they run (workload.produce)."),
+    ("--delay-s", "delay_s", FINITE, "Delay each job this many seconds through the library's own delay API; 0 = none (workload.delay_s)."),
+    ("--delay-share", "delay_share", FINITE, "Share of jobs delayed when --delay-s > 0, 0..1 (workload.delay_share)."),
     ("--kills", "kills", int, "Faults to inject (faults.kills)."),
     ("--interval", "interval", FINITE, "Seconds between faults (faults.interval)."),
     ("--signal", "signal", str, f"Fault signal: {', '.join(FAULT_SIGNALS)}; SIGSTOP pauses for --pause s (faults.signal)."),

@@ -87,6 +87,9 @@ class Design(ABC):
     # True when its keys span hash slots (crashbench.control.connect.shard_prefix): the harness then reads and
     # expires them on every primary of a cluster, not on the one of the run's slot.
     spread: ClassVar[bool] = False
+    # True when `enqueue` delays each job by its Job.delay_s through the queue's own delay API; else a
+    delays: ClassVar[bool] = False  # delayed workload is refused, with `no_delays` as the reason when set
+    no_delays: ClassVar[str] = ""
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         """One instance in the runner (enqueue, recover, backlog, state) and one in each worker process

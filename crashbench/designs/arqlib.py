@@ -7,7 +7,8 @@ plain redis-py, and only `serve`, in the worker, imports arq.
 
 Keys: arq's own layout, outside crashbench's namespace (so these designs refuse --redis-url); each
 arq job id is the run prefix P followed by crashbench's job id (A):
-    P queue                 sorted set of arq job ids by due time; a job stays in it until it ends
+    P queue                 sorted set of arq job ids by due time (a deferred job's, enqueue_job's
+                            _defer_by, in the future); a job stays in it until it ends
     arq:job:A               the job: pickle of {t: try, f: function, a: args, k: kwargs, et: enqueued ms}
     arq:in-progress:A       set, with a TTL of job_timeout + 10 s, by the worker that starts the job
     arq:retry:A             how many times the job was started
@@ -134,6 +135,7 @@ class ArqQueue(LibraryDesign):
     drops_failed = False  # a job that raised leaves a result with success False (kept keep_result seconds)
     DEFAULT_CONCURRENCY = 10  # arq's Worker max_jobs default
     runs_apps = True
+    delays = True  # enqueue_job(_defer_by=): the queue's score is the due time; a poll starts it once due
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -190,8 +192,9 @@ class ArqQueue(LibraryDesign):
         for job in jobs:
             args, kwargs = user.arguments(job) if self.settings.task else ([job.id], {})
             data = {"t": None, "f": self.function, "a": tuple(args), "k": kwargs, "et": now_ms}
-            pipe.psetex(f"arq:job:{self._arq_id(job.id)}", EXPIRES_MS, pickle.dumps(data))
-            pipe.zadd(self.queue, {self._arq_id(job.id): now_ms})
+            defer_ms = round(job.delay_s * 1000)  # enqueue_job(_defer_by=): the score is the due time
+            pipe.psetex(f"arq:job:{self._arq_id(job.id)}", EXPIRES_MS + defer_ms, pickle.dumps(data))
+            pipe.zadd(self.queue, {self._arq_id(job.id): now_ms + defer_ms})
         pipe.execute()
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:

@@ -4,6 +4,9 @@ Keys (all under the run prefix P, through kombu's `global_keyprefix` transport o
     P jobs                  list of task messages waiting (JSON; the task id in headers.id)
     P unacked               hash delivery tag -> [message, exchange, routing key]: delivered, not acked
     P unacked_index         sorted set delivery tag -> delivery time, for the visibility timeout
+                            (a delayed task, countdown / eta, waits here, "unacked:eta": the worker that
+                            took it holds it in memory until its eta; the sweep restores it every
+                            visibility_timeout meanwhile, to be taken again: kombu#337)
     P unacked_mutex         the restore sweep's lock
     P _kombu.binding.jobs   kombu's routing table
     P jobs<sep><n>          the list for priority n > 0 (kombu's priority steps; no task here sets one)
@@ -67,6 +70,13 @@ def _task_id(message: Any) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
+def _eta(message: Any) -> bool:
+    """Whether a kombu message is a delayed task (countdown / eta: headers.eta set): a worker holds it
+    in memory, unacked in Redis, until its eta."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    return isinstance(headers, dict) and bool(headers.get("eta"))
+
+
 def _json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
@@ -83,6 +93,7 @@ class CeleryQueue(LibraryDesign):
     runs_apps = True
     # No retries are configured: a task that raised is acked (early, or late: task_acks_on_failure_or_timeout).
     drops_failed = True
+    delays = True  # send_task(countdown=): the worker holds the message, unacked, until its eta
     DEFAULT_CONCURRENCY = os.cpu_count() or 1  # Celery's worker_concurrency default: the CPU count
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -177,8 +188,9 @@ class CeleryQueue(LibraryDesign):
         with self.app.producer_or_acquire() as producer:
             for job in jobs:
                 args, kwargs = user.arguments(job) if self.settings.app else ([job.id], {})
+                delay = {"countdown": job.delay_s} if job.delay_s else {}  # Celery's own: eta = now + countdown
                 self.app.send_task(
-                    self.task, args=args, kwargs=kwargs, task_id=job.id, queue=self.queue, producer=producer
+                    self.task, args=args, kwargs=kwargs, task_id=job.id, queue=self.queue, producer=producer, **delay
                 )
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
@@ -224,7 +236,8 @@ class CeleryQueue(LibraryDesign):
             entry = _json(raw)  # [message, exchange, routing key]
             job = _task_id(entry[0]) if isinstance(entry, list) and entry else None
             if job is not None:
-                found.add(job, "unacked" if tag in indexed else "unacked:unindexed")
+                where = "unacked" if tag in indexed else "unacked:unindexed"
+                found.add(job, where + (":eta" if _eta(entry[0]) else ""))
         return found
 
 

@@ -7,7 +7,7 @@ with an [app] the queue_name of the user's actor):
                                  [app] the message's message_id)
     N:__acks__.<worker>.Q        set of message ids a worker fetched and has not acked
     N:__heartbeats__             sorted set worker -> last heartbeat
-    N:Q.DQ, N:Q.DQ.msgs          delayed messages (Dramatiq's retries with backoff)
+    N:Q.DQ, N:Q.DQ.msgs          delayed messages (Dramatiq's retries with backoff; a delayed send)
     N:Q.XQ, N:Q.XQ.msgs          dead-lettered messages
     N:__acks__.<worker>.Q.DQ     delayed messages a worker fetched and holds until their eta
 
@@ -123,6 +123,7 @@ class DramatiqQueue(LibraryDesign):
     reliable: ClassVar[bool] = False
     runs_apps = True
     drops_failed = False  # the Retries middleware retries a message that raised, then dead-letters it (XQ)
+    delays = True  # send_with_options(delay=ms): the message waits in Q.DQ, then a worker holds it until its eta
     DEFAULT_CONCURRENCY = 8  # dramatiq.Worker's worker_threads default
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -208,8 +209,8 @@ class DramatiqQueue(LibraryDesign):
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         if not self.settings.task:
-            for job in jobs:
-                self.actor.send(job.id)
+            for job in jobs:  # a delayed job: send_with_options(delay=ms), into the delay queue Q.DQ
+                self.actor.send_with_options(args=(job.id,), delay=round(job.delay_s * 1000) or None)
             return
         for job in jobs:  # as actor.send_with_options, with crashbench's id as the message's
             args, kwargs = user.arguments(job)
@@ -217,7 +218,7 @@ class DramatiqQueue(LibraryDesign):
                 queue_name=self.actor.queue_name, actor_name=self.actor.actor_name, args=tuple(args), kwargs=kwargs,
                 options={}, message_id=job.id,
             )  # fmt: skip
-            self.broker.enqueue(message)
+            self.broker.enqueue(message, delay=round(job.delay_s * 1000) or None)
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         stop = threading.Event()

@@ -4,7 +4,7 @@ shipped default; queue.concurrency changes it).
 Keys: huey's own layout, outside crashbench's namespace (so huey refuses --redis-url), with
 name = the run prefix made alphanumeric (N):
     huey.redis.N        list of pickled task messages waiting (a sorted set with PriorityRedisHuey)
-    huey.schedule.N     sorted set of tasks waiting for their eta (retries with a delay)
+    huey.schedule.N     sorted set of tasks waiting for their eta (retries with a delay, scheduled tasks)
     huey.results.N      results (switched off here; an [app]'s as it configured them)
     huey.counters.N, huey.notify.N.*    counters and result notifications (unused here)
 
@@ -37,6 +37,7 @@ import redis
 from huey import RedisHuey, signals
 from huey.api import Huey
 from huey.storage import RedisStorage
+from huey.utils import normalize_time
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
 from crashbench.designs import app as user
@@ -71,6 +72,8 @@ class HueyQueue(LibraryDesign):
     namespaced = False
     runs_apps = True
     drops_failed = True  # no retries configured: huey logs a task that raised and forgets it
+    # task.schedule(delay=): the message goes to the queue with its eta; a worker RPOPs it and adds it to
+    delays = True  # huey.schedule.N, which the consumer's scheduler reads every second, enqueueing what is due
     requeue_interrupted: ClassVar[bool] = False
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -110,12 +113,13 @@ class HueyQueue(LibraryDesign):
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         if not self.settings.task:
-            for job in jobs:
-                self.task(job.id)
+            for job in jobs:  # a delayed job: task.schedule(delay=), into huey.schedule.N until its eta
+                self.task.schedule(args=(job.id,), delay=job.delay_s) if job.delay_s else self.task(job.id)
             return
-        for job in jobs:  # as calling the task, with crashbench's id as the task's
+        for job in jobs:  # as calling the task (task.schedule with a delay), with crashbench's id as the task's
             args, kwargs = user.arguments(job)
-            self.huey.enqueue(self.task(tuple(args), kwargs, id=job.id))
+            eta = normalize_time(delay=job.delay_s, utc=self.huey.utc) if job.delay_s else None
+            self.huey.enqueue(self.task(tuple(args), kwargs, id=job.id, eta=eta))
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         self.huey.on_startup()(ready)  # runs in the worker thread, as it starts taking tasks

@@ -5,7 +5,8 @@ Keys: RQ's own layout, outside crashbench's namespace (so these designs refuse -
     rq:queue:<Q>:intermediate   ids a worker popped (BLMOVE) and its work horse has not yet started
     rq:job:<Q>-<id>     hash: the job (func crashbench.designs.rqlib.run_job, args (id,))
     rq:wip:<Q>          StartedJobRegistry: executing, scored by heartbeat expiry
-    rq:scheduled:<Q>    ScheduledJobRegistry: retries waiting for their interval (rq:reliable)
+    rq:scheduled:<Q>    ScheduledJobRegistry: retries waiting for their interval (rq:reliable), delayed jobs
+                        (enqueue_in; scored in whole seconds, so RQ may start one up to 1 s early)
     rq:failed:<Q>       FailedJobRegistry: failed, including abandoned jobs (AbandonedJobError)
     rq:worker:<Q>-<w>   the worker's registration
     rq:results:<Q>-<id>, rq:executions:<Q>-<id>, rq:execution:<Q>-<id>:<e>, rq:finished:<Q>, ...
@@ -52,6 +53,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, ClassVar
 
 import redis
@@ -86,6 +88,7 @@ class RQQueue(LibraryDesign):
     worker_ttl: ClassVar[int] = 420  # an idle worker blocks worker_ttl - 15 s in its dequeue, skipping maintenance
     RQ_JOB_TIMEOUT: ClassVar[float] = 180  # RQ's Queue.DEFAULT_TIMEOUT
     runs_apps = True
+    delays = True  # queue.enqueue_in: rq:scheduled:<Q>, moved when due by a worker's scheduler (with_scheduler)
     TASK = "crashbench.designs.rqlib.run_job"
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
@@ -159,7 +162,18 @@ class RQQueue(LibraryDesign):
             )
             for j in jobs
         ]
-        self.queue.enqueue_many(data)
+        if immediate := [d for d, j in zip(data, jobs, strict=True) if not j.delay_s]:
+            self.queue.enqueue_many(immediate)
+        for d, j in zip(data, jobs, strict=True):  # RQ's own delay: enqueue_in, into rq:scheduled:<Q>
+            if j.delay_s:
+                self.queue.enqueue_in(
+                    timedelta(seconds=j.delay_s), d.func, args=d.args, kwargs=d.kwargs, job_id=d.job_id,
+                    retry=d.retry, job_timeout=d.timeout, meta=d.meta,
+                )  # fmt: skip
+
+    def _scheduler(self) -> bool:
+        """Whether workers run RQ's scheduler (--with-scheduler): for retries, and for delayed jobs."""
+        return self.retries or self.settings.delayed
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
         job_id = self._job_id
@@ -191,7 +205,7 @@ class RQQueue(LibraryDesign):
             maintenance_interval=self._option("maintenance_interval", self.maintenance_interval),
             job_monitoring_interval=self._option("job_monitoring_interval", self.job_monitoring_interval),
             worker_ttl=self._option("worker_ttl", self.worker_ttl),
-        ).work(logging_level="WARNING", with_scheduler=self._option("with_scheduler", self.retries))
+        ).work(logging_level="WARNING", with_scheduler=self._option("with_scheduler", self._scheduler()))
 
     def _ids(self, key: str, kind: str) -> list[str]:
         raw = self.raw.lrange(key, 0, -1) if kind == "list" else self.raw.zrange(key, 0, -1)

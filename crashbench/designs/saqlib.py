@@ -145,6 +145,7 @@ class SaqQueue(LibraryDesign):
     # for its ttl (600 s): saq's record of the failure. (With ttl -1 saq deletes it: then lost.)
     drops_failed = False
     runs_apps = True
+    delays = True  # enqueue(scheduled=): `incomplete` scored by the due time; the schedule timer queues it
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
@@ -228,10 +229,13 @@ class SaqQueue(LibraryDesign):
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             key = self.prefix + job.id
+            # enqueue(scheduled=epoch seconds): the score in `incomplete`, no `queued` entry until the
+            # schedule timer (every second) finds it due.
+            scheduled = {"scheduled": now_ms / 1000 + job.delay_s} if job.delay_s else {}
             body = {"function": self.function, "kwargs": self._kwargs(job), "queue": self.queue, "key": key,
-                    **options, "queued": now_ms, "status": "queued"}  # fmt: skip
+                    **options, "queued": now_ms, "status": "queued", **scheduled}  # fmt: skip
             keys = [self.keys["incomplete"], self.ids + job.id, self.keys["queued"], f"saq:abort:{key}"]
-            self.enqueue_script(keys=keys, args=[json.dumps(body), 0], client=pipe)
+            self.enqueue_script(keys=keys, args=[json.dumps(body), scheduled.get("scheduled", 0)], client=pipe)
         pipe.execute()
 
     def _kwargs(self, job: Job) -> dict[str, Any]:

@@ -132,6 +132,10 @@ class TaskiqList(LibraryDesign):
     summary = "taskiq, taskiq-redis ListQueueBroker as installed: BRPOP, no ack, at-most-once"
     library = "taskiq_redis"
     cluster_client = True  # taskiq-redis's cluster brokers
+    no_delays = (
+        "taskiq-redis's brokers have no delay of their own; taskiq delays a task only as a schedule "
+        "(kicker().schedule_by_time on a schedule source) that a separate `taskiq scheduler` process sends"
+    )
     DEFAULT_CONCURRENCY = MAX_ASYNC_TASKS
     drops_failed = True  # no retry middleware: a task that raised is logged and its message is gone
     runs_apps = True

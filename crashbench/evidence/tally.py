@@ -21,6 +21,7 @@ from crashbench.evidence import counts as counting
 from crashbench.evidence import signaled
 from crashbench.evidence import trim as trimming
 from crashbench.evidence.checker import Checker, History, Section, Sections, checker, compose, crashed, merged_counts
+from crashbench.evidence.delays import delays as _delays
 from crashbench.evidence.effects import effects as _effects
 from crashbench.model.counts import Counts
 from crashbench.model.executions import EMPTY_ACK, FAILED, Execution, Executions
@@ -152,7 +153,7 @@ def _recovery(h: History, before: Sections) -> Section:
 
 
 # The core checkers; each fault family adds its own after them (crashbench.faults.registry.checkers).
-CHECKERS: tuple[Checker, ...] = (_signals, _evidence, _outcomes, _requeues, _trim, _recovery, _effects)
+CHECKERS: tuple[Checker, ...] = (_signals, _evidence, _outcomes, _requeues, _trim, _recovery, _effects, _delays)
 
 
 def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
@@ -173,7 +174,7 @@ def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
         prefix=tl.prefix,
         seed=h.scenario.faults.seed,
         counts=c,
-        timings=_timings(tl, h.scenario, records, c.done, sections.fact("recovery", "recoveries")),
+        timings=_timings(tl, h.scenario, records, c.done, sections.fact("recovery", "recoveries"), _lateness(sections)),
         kills=records,
         network_faults=list(tl.network),
         repeat=tl.repeat,
@@ -211,7 +212,14 @@ def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidenc
     )
 
 
-def _timings(tl: Timeline, sc: Scenario, signals: list[SignalRecord], done: int, recoveries: list[float]) -> Timings:
+def _lateness(sections: Sections) -> list[float]:
+    """The delayed jobs' lateness, sorted (crashbench.evidence.delays); none where the checker was not run."""
+    return sections["delays"].facts.get("lateness", []) if "delays" in sections else []
+
+
+def _timings(
+    tl: Timeline, sc: Scenario, signals: list[SignalRecord], done: int, recoveries: list[float], late: list[float]
+) -> Timings:
     startups = [(ready - s.t) * 1000 for s in tl.spawns if (ready := tl.ready.get(s.worker)) is not None]
     restarts = [k.replacement_ready_ms for k in signals if k.replacement_ready_ms is not None]
     wall = tl.drained_at
@@ -230,5 +238,8 @@ def _timings(tl: Timeline, sc: Scenario, signals: list[SignalRecord], done: int,
         recovery_ms_p95=percentile(recoveries, 0.95),
         recovery_ms_max=recoveries[-1] if recoveries else None,
         inspect_s=round(tl.inspect_s, 4),
+        delay_lateness_ms_p50=percentile(late, 0.50),
+        delay_lateness_ms_p95=percentile(late, 0.95),
+        delay_lateness_ms_max=late[-1] if late else None,
         cut_off=tl.cut_off,
     )

@@ -27,6 +27,7 @@ class Counts:
     retried: int = 0  # jobs started again after a failed attempt
     early_retries: int = 0  # retries that started sooner after a failure than the backoff allows
     dead_lettered_poison: int = 0  # dead-lettered jobs whose last execution raised: for failing, not for crashing
+    early_starts: int = 0  # starts of a delayed job (workload.delay_s) before it was due, by the harness clock
     # the ledger's: starts of a job after an earlier start of it that did not raise (a retry after a
     # failure is `retried`): what recovery (or a stolen delivery) gave back and a worker ran again
     redelivered: int = 0  # jobs started again so

@@ -57,6 +57,7 @@ class Job:
     payload: str = ""
     receipt: Any = None
     attempt: int = 1  # which attempt this delivery is (1 = first), as far as the design knows
+    delay_s: float = 0.0  # seconds after its enqueue the job is due ([workload] delay_s; a design with `delays`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ class DesignSettings:
     stream_approximate: bool = False
     concurrency: int = 0  # handlers one library worker runs at once; 0 = the library's shipped default
     longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
+    delayed: bool = False  # the workload delays jobs (workload.delay_s): a library's scheduler must run
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
     wait_ms: int = 100
     # crashbench's own workers: socket and connect timeout of their connection, seconds;

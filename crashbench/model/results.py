@@ -64,6 +64,10 @@ class Timings:
     recovery_ms_p95: float | None = None
     recovery_ms_max: float | None = None
     inspect_s: float = 0.0  # the harness reading Redis for its evidence (crashbench.evidence.inspector)
+    # a delayed workload (workload.delay_s): due (enqueue + delay, harness clock) -> the job's first start
+    delay_lateness_ms_p50: float | None = None
+    delay_lateness_ms_p95: float | None = None
+    delay_lateness_ms_max: float | None = None
     cut_off: bool = False  # the drain hit its bound (10 windows) while handlers still started: undrained
 
     @property

@@ -29,6 +29,8 @@ class WorkloadSpec:
     crash_rate: float = 0.0  # share of jobs whose handler kills its own process on every attempt (a crash loop)
     crash_how: str = "sigkill"  # how: sigkill, exit (os._exit), memory (allocates past the worker's memory limit)
     produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
+    delay_s: float = 0.0  # a delayed job is due this many seconds after its enqueue (the library's own delay API)
+    delay_share: float = 1.0  # share of jobs delayed when delay_s > 0 (the others are due at once)
 
     @property
     def longest_job_s(self) -> float:

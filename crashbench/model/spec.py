@@ -88,6 +88,7 @@ class Scenario:
             options=self.library.get(design, {}),
             stream_approximate=self.queue.stream_trim == "approximate",
             longest_job=self.workload.longest_job_s,
+            delayed=bool(self.workload.delay_s),
         )
 
     def workload_model(self) -> Workload:

@@ -64,6 +64,9 @@ METRICS: dict[str, Metric] = {
     "recovery_p50": Metric("ms", _timing("recovery_ms_p50"), "fault -> the hit job starts again, p50"),
     "recovery_p95": Metric("ms", _timing("recovery_ms_p95"), "the same, p95"),
     "recovery_max": Metric("ms", _timing("recovery_ms_max"), "the same, max"),
+    "delay_lateness_p50": Metric("ms", _timing("delay_lateness_ms_p50"), "a delayed job: due -> first start, p50"),
+    "delay_lateness_p95": Metric("ms", _timing("delay_lateness_ms_p95"), "the same, p95"),
+    "delay_lateness_max": Metric("ms", _timing("delay_lateness_ms_max"), "the same, max"),
 }
 STATS = ("min", "median", "max")
 OPS: dict[str, Callable[[float, float], bool]] = {

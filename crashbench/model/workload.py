@@ -8,6 +8,7 @@ every replay agree: how long its handler runs, and whether (and on which attempt
     transient  a job with probability transient_rate: raises on its first transient_failures attempts
     crash      a job with probability crash_rate: its handler kills its own process on every attempt
                (crash_how: sigkill, exit or memory; crashbench.designs.handler.crash), a crash loop
+    delayed    a job with probability delay_share, when delay_s > 0: due delay_s after its enqueue
 
 Each of poison, transient and crash is drawn from a uniform of its own (seed, job, purpose), so the
 rates need not add up to 1; a crash job is never poison nor transient (it dies before it could raise).
@@ -35,10 +36,12 @@ def job_ids(n: int) -> JobIds:
     return JobIds(range(n))
 
 
-def jobs_for(ids: Sequence[str], token: str = "") -> list[Job]:
+def jobs_for(ids: Sequence[str], token: str = "", workload: Workload | None = None) -> list[Job]:
     """The run's jobs for these ids, each id with the run's token before it (crashbench.jobids); the
-    payload carries the job's number."""
-    return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
+    payload carries the job's number; each delayed job (`workload`) its delay."""
+    if workload is None or not workload.delay_s:
+        return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
+    return [Job(wire(j, token), f'{{"n": {int(j)}}}', delay_s=workload.delay_of(j)) for j in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,8 @@ class Workload:
     transient_failures: int = 1
     crash_rate: float = 0.0
     crash_how: str = "sigkill"
+    delay_s: float = 0.0
+    delay_share: float = 1.0
     seed: int = 1
 
     def to_json(self) -> str:
@@ -80,6 +85,15 @@ class Workload:
     def crashes(self, job: str) -> bool:
         """Does the handler of `job` kill its own process, on every attempt (a crash loop)?"""
         return self.crash_rate > 0 and self._uniform(job, "crash") < self.crash_rate
+
+    def delay_of(self, job: str) -> float:
+        """Seconds after its enqueue `job` is due: delay_s for a delayed job (a share delay_share of
+        them, fixed by seed and id), else 0."""
+        if not self.delay_s:
+            return 0.0
+        if self.delay_share >= 1 or self._uniform(job, "delay") < self.delay_share:
+            return self.delay_s
+        return 0.0
 
     def is_poison(self, job: str) -> bool:
         return self.poison_rate > 0 and self._uniform(job, "poison") < self.poison_rate and not self.crashes(job)

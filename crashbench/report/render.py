@@ -115,9 +115,12 @@ def result_table(result: Result, plain: bool = False) -> Group:
         ("recovery p50", lambda r: r.timings.recovery_ms_p50, _recovery),
         ("recovery p95", lambda r: r.timings.recovery_ms_p95, _recovery),
         ("recovery max", lambda r: r.timings.recovery_ms_max, _recovery),
+        ("delay lateness p50", lambda r: r.timings.delay_lateness_ms_p50, lambda v: f"{v:.0f} ms"),
+        ("delay lateness p95", lambda r: r.timings.delay_lateness_ms_p95, lambda v: f"{v:.0f} ms"),
+        ("delay lateness max", lambda r: r.timings.delay_lateness_ms_max, lambda v: f"{v:.0f} ms"),
     ]
     for label, get, fmt in rows:
-        if label.startswith("recovery") and all(get(r) is None for r in result.runs):
+        if label.startswith(("recovery", "delay")) and all(get(r) is None for r in result.runs):
             continue
         table.add_row(label, *[spread([get(r) for r in runs], fmt) for runs in groups.values()])
     parts: list[Table | Text] = [Text(title, style="table.title"), table]

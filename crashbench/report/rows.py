@@ -29,6 +29,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("failed attempts", "failed_attempts"),
     ("retried", "retried"),
     ("  before their backoff", "early_retries"),
+    ("delayed jobs started early", "early_starts"),
     ("unexpected", "unexpected"),
     ("interrupted", "interrupted"),
     ("  never ran again", "unrecovered"),
@@ -51,14 +52,14 @@ ROWS: tuple[tuple[str, str], ...] = (
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
     "undrained", "worker_crashes", "library_disagrees", "stuck_workers", "effect_missing", "effect_duplicated",
-    "effect_disagrees",
+    "effect_disagrees", "early_starts",
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost", "held_at_fault", "acked_during_lag", "not_replicated",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
-    "trimmed", "trimmed_unread", "trimmed_pending", "consumers",
+    "trimmed", "trimmed_unread", "trimmed_pending", "consumers", "early_starts",
 }  # fmt: skip
 # Shown whenever some run had the user's check ([app] check), zero or not: "no duplicate effect" is its answer.
 WITH_CHECK = {"effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees"}

@@ -16,6 +16,18 @@ from crashbench.run import reading
 CrashRun = Any
 
 
+DUE_MARGIN_S = 1.0  # a library's scheduler polls once a second (RQ, huey, saq)
+
+
+def last_due(run: CrashRun) -> float:
+    """The harness-clock time the run's last delayed job is due, plus DUE_MARGIN_S; 0 without delays."""
+    delay = run.sc.workload.delay_s
+    if not delay:
+        return 0.0
+    sent = run.producer.chunks if run.producer is not None else run.enqueues
+    return max((t for t, *_ in sent), default=run.t0) + delay + DUE_MARGIN_S
+
+
 def final_reading(run: CrashRun) -> reading.Reading:
     """The design's reading of its keys, corrected by the harness's search of everything in scope for
     the run's token (crashbench.run.reading), and the problems where the two disagree."""

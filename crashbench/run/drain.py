@@ -17,6 +17,9 @@ down with the loop itself, is not read for progress (`moves` False), so the wind
 Once drained, the workers keep running for WATCH_S more (`watch`): a handler that starts then, or a
 backlog() above 0 again, shows the 0 was wrong (crashbench.evidence.checks: backlog_wrong); jobs still
 held that nothing delivers are stranded, the design's own finding.
+A delayed workload is never drained before its last job was due, and a scheduler's poll after that
+(crashbench.run.collect.last_due): a worker may hold a delayed job in memory, where no reading of
+Redis sees it (Dramatiq's delay queue once a broker restart emptied the server).
 
 A run with faults timed from the drain (crashbench.faults: after = "drained") drains twice, before
 those faults and after them; the second drain's outcome is the run's. If the first gives up, those
@@ -50,6 +53,7 @@ def drain(
     settle: float,
     period: float = 0.005,
     moves: bool = True,  # a change of the backlog is progress (False: a crash loop's backlog goes round)
+    not_before: float = 0.0,  # never drained before this (the last delayed job's due time, and a margin)
 ) -> Drained:
     next_check = 0.0
     empty_since: float | None = None
@@ -76,7 +80,7 @@ def drain(
                 empty_since = None
             else:
                 empty_since = now if empty_since is None else empty_since
-                if now - empty_since >= settle:
+                if now - empty_since >= settle and now >= not_before:
                     return Drained(True, False)
         time.sleep(period)
     return Drained(False, deadline > hard)  # a handler started within the last window: still progressing

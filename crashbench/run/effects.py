@@ -24,6 +24,7 @@ class AppRun:
     def __init__(self, sc: Scenario, token: str) -> None:
         spec = sc.app
         self.token = token
+        self.workload = sc.workload_model()  # each job's delay (workload.delay_s)
         self.on = bool(spec.task)
         self.payloads = user.Payloads(spec.payloads, sc.workload.jobs) if self.on else None
         self.check_spec = spec.check
@@ -32,9 +33,12 @@ class AppRun:
     def jobs_for(self, ids: Sequence[str]) -> list[Job]:
         """The jobs of these ids: with an app, each carries its payload (JSON), else its number."""
         if self.payloads is None:
-            return jobs_for(ids, token=self.token)
+            return jobs_for(ids, token=self.token, workload=self.workload)
         where = f"payloads {self.payloads.source or '(the job numbers)'}"
-        return [Job(wire(j, self.token), user.encoded(self.payloads.payload(int(j)), where)) for j in ids]
+        delay = self.workload.delay_of
+        return [
+            Job(wire(j, self.token), user.encoded(self.payloads.payload(int(j)), where), delay_s=delay(j)) for j in ids
+        ]
 
     def effects(self, ids: Sequence[str]) -> dict[str, Any] | None:
         """The check's answer for every enqueued job: how many checked, and each job whose effect does

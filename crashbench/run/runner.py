@@ -244,7 +244,7 @@ class CrashRun:
             ended = drain(
                 self._tick, self.clock, self.crashloop.starts, lambda: self.crashloop.busy(self.sup.alive()),
                 lambda: self._tolerant(self.design.backlog, -1), faults_end, self.window, self.design.SETTLE_S,
-                self.TICK, moves=not self.crashloop.active,
+                self.TICK, moves=not self.crashloop.active, not_before=collect.last_due(self),
             )  # fmt: skip
             if not self.worker_faults.later or not ended.drained:  # never drained: they are never due
                 break

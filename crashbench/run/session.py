@@ -113,6 +113,9 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
                 hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
         cls = load_design(spec)
+        if scenario.workload.delay_s and not cls.delays:
+            why = cls.no_delays or "it has no delay of its own that crashbench drives"
+            raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
         if options.redis_url and not cls.namespaced:
             raise UsageError(
                 f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",

@@ -3,7 +3,7 @@
     name = "lesson"
     description = "..."
     [workload]  jobs, job_ms, workers, job_dist, job_ms_max, poison_rate, transient_rate, transient_failures,
-                produce
+                produce, delay_s, delay_share
     [faults]    kills, interval, signal, kill_when, seed, pause   (or [[faults]] entries: crashbench.faults)
     [queue]     stale_after, recover_every, max_attempts, retry_base, retry_factor, retry_jitter, heartbeat_every,
                 batch_size, concurrency, shards, stream_maxlen, stream_trim
@@ -138,7 +138,7 @@ def _bounds(sc: Scenario) -> list[str]:
         "broker.downtime": b.downtime, "broker.produce_s": b.produce_s,
         "queue.stale_after": sc.queue.stale_after, "queue.recover_every": sc.queue.recover_every,
         "run.drain_timeout": sc.run.drain_timeout, "workload.job_ms / 1000": _num(w.job_ms) / 1000,
-        "workload.job_ms_max / 1000": _num(w.job_ms_max) / 1000,
+        "workload.job_ms_max / 1000": _num(w.job_ms_max) / 1000, "workload.delay_s": w.delay_s,
     }  # fmt: skip
     if isinstance(f.kills, int) and not isinstance(f.kills, bool):
         seconds["faults.kills x faults.interval"] = _num(f.kills) * _num(f.interval)

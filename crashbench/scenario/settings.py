@@ -14,7 +14,8 @@ from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
-                 "transient_failures", "crash_rate", "crash_how", "produce"),
+                 "transient_failures", "crash_rate", "crash_how", "produce",
+                 "delay_s", "delay_share"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
@@ -75,6 +76,7 @@ NUMBERS: dict[str, Bound] = {
     "jobs": POSITIVE_INT, "job_ms": NON_NEGATIVE, "workers": POSITIVE_INT, "job_ms_max": NON_NEGATIVE,
     "poison_rate": SHARE, "transient_rate": SHARE, "transient_failures": POSITIVE_INT,
     "crash_rate": SHARE,
+    "delay_s": NON_NEGATIVE, "delay_share": SHARE,
     "kills": COUNT, "interval": POSITIVE, "seed": Bound(True), "pause": POSITIVE,
     "stale_after": POSITIVE, "recover_every": POSITIVE, "max_attempts": POSITIVE_INT, "retry_base": NON_NEGATIVE,
     "retry_factor": Bound(False, 1), "retry_jitter": NON_NEGATIVE, "heartbeat_every": NON_NEGATIVE,
