@@ -16,6 +16,7 @@ import redis
 
 from crashbench.designs import load_design
 from crashbench.errors import UsageError
+from crashbench.model.results import DesignRun
 from crashbench.model.spec import Scenario
 from crashbench.run.session import Options, run_designs
 from tests.conftest import assert_recounts
@@ -324,9 +325,15 @@ def test_huey_loses_what_a_sigterm_interrupts_and_its_recipe_puts_it_back(small:
     plain, requeue = result.runs
     assert plain.problems == [] and requeue.problems == []
     assert plain.counts.kills_mid_job == requeue.counts.kills_mid_job == 3
-    assert plain.counts.lost == plain.counts.interrupted == 3
-    # Not necessarily the task it was running as the signal came: the ledger's open executions are the lost.
-    assert plain.timeline is not None
-    assert set(plain.jobs["lost"]) == {ex.job for ex in plain.timeline.executions if ex.end is None}
-    assert (requeue.counts.lost, requeue.counts.stranded) == (0, 0) and requeue.counts.done == 300
-    assert requeue.counts.redelivered >= requeue.counts.interrupted >= 1  # each interrupted task ran again
+
+    # A task a SIGTERM interrupted (its execution open in the ledger) is lost as installed, and run again
+    # with the recipe. Not every SIGTERM interrupts one (the task may finish as the consumer exits), and a
+    # task the worker thread pops while the consumer shuts down is lost either way, without a start.
+    def interrupted(run: DesignRun) -> set[str]:
+        assert run.timeline is not None
+        return {ex.job for ex in run.timeline.executions if ex.end is None}
+
+    assert interrupted(plain) and interrupted(plain) <= set(plain.jobs["lost"])
+    assert interrupted(requeue) and not interrupted(requeue) & set(requeue.jobs.get("lost", []))
+    assert requeue.counts.stranded == 0
+    assert requeue.counts.redelivered >= 1  # an interrupted task ran again

@@ -58,7 +58,7 @@ def test_the_design_settings_and_the_workload_come_from_the_sections() -> None:
         library={"rq": {"worker_ttl": 30}},
     ).replace(wait_replicas=1, seed=9)
     s = sc.settings("rq")
-    derived = {"options", "stream_approximate", "longest_job"}
+    derived = {"options", "stream_approximate", "longest_job", "delayed"}
     for f in dataclasses.fields(DesignSettings):  # every other setting is a [queue] or [broker] key, as it is
         if f.name not in derived:
             assert getattr(s, f.name) == sc.value(f.name), f.name
