@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
-from crashbench.faults import network, servers, signals
+from crashbench.faults import eviction, network, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
 FAMILIES: tuple[FaultFamily, ...] = (
@@ -13,6 +13,7 @@ FAMILIES: tuple[FaultFamily, ...] = (
     network.FAMILY,
     servers.BROKER,
     servers.CLUSTER,
+    eviction.FAMILY,
 )
 
 

@@ -28,9 +28,11 @@ def job_ids(n: int) -> JobIds:
     return JobIds(range(n))
 
 
-def jobs_for(ids: Sequence[str], token: str = "") -> list[Job]:
+def jobs_for(ids: Sequence[str], token: str = "", pad: int = 0) -> list[Job]:
     """The run's jobs for these ids, each id with the run's token before it (crashbench.jobids); the
-    payload carries the job's number."""
+    payload carries the job's number, padded to `pad` bytes at least (workload.payload_bytes)."""
+    if pad:
+        return [Job(wire(j, token), f'{{"n": {int(j)}, "pad": "{"x" * max(0, pad - 20)}"}}') for j in ids]
     return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
 
 

@@ -24,6 +24,7 @@ class AppRun:
     def __init__(self, sc: Scenario, token: str) -> None:
         spec = sc.app
         self.token = token
+        self.pad = sc.workload.payload_bytes
         self.on = bool(spec.task)
         self.payloads = user.Payloads(spec.payloads, sc.workload.jobs) if self.on else None
         self.check_spec = spec.check
@@ -32,7 +33,7 @@ class AppRun:
     def jobs_for(self, ids: Sequence[str]) -> list[Job]:
         """The jobs of these ids: with an app, each carries its payload (JSON), else its number."""
         if self.payloads is None:
-            return jobs_for(ids, token=self.token)
+            return jobs_for(ids, token=self.token, pad=self.pad)
         where = f"payloads {self.payloads.source or '(the job numbers)'}"
         return [Job(wire(j, self.token), user.encoded(self.payloads.payload(int(j)), where)) for j in ids]
 
