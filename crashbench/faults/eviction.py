@@ -77,8 +77,8 @@ def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
 def combinations(sc: Scenario) -> list[str]:
     if parse_size(sc.broker.maxmemory) is None:
         return [
-            f"broker.maxmemory must be bytes (a whole number > 0), a size (\"64mb\", \"512kb\") or used memory "
-            f"plus a margin (\"used+2mb\"), not {sc.broker.maxmemory!r:.60}"
+            f'broker.maxmemory must be bytes (a whole number > 0), a size ("64mb", "512kb") or used memory '
+            f'plus a margin ("used+2mb"), not {sc.broker.maxmemory!r:.60}'
         ]
     return []
 
@@ -180,7 +180,8 @@ class Eviction:
     def _evicted(self, until: str | None = None) -> None:
         """The server's notifications so far: each of the run's keys with the jobs it held at the last
         readings (it went after the first of them, perhaps before the last), and the jobs enqueued that no
-        reading found, the neighbour's counted. With `until`, read on until that reply (a PING's: every earlier notification is in)."""
+        reading found, the neighbour's counted. With `until`, read on until that reply (a PING's:
+        every earlier notification is in)."""
         neighbour = 0
         t = rel(self.clock(), self.t0)
         while True:
@@ -280,7 +281,8 @@ def _eviction(h: History, before: Sections) -> Section:
             "eviction", f"the server's INFO evicted_keys grew by {lifted.data['evicted']}, its notifications "
             f"named {len(evicted) + neighbour} keys",
         ))  # fmt: skip
-    return Section("eviction", counts=counts, problems=problems, jobs={"lost_to_eviction": sorted(lost & held)[:JOB_SAMPLE]})
+    jobs = {"lost_to_eviction": sorted(lost & held)[:JOB_SAMPLE]}
+    return Section("eviction", counts=counts, problems=problems, jobs=jobs)
 
 
 def bands(tl: Timeline) -> list[Band]:
@@ -291,7 +293,8 @@ def bands(tl: Timeline) -> list[Band]:
     lifted = next((e.t for e in events if e.what == "lifted"), None)
     run_keys = sum(1 for e in events if e.what == "evicted")
     what = f"maxmemory {limit.data['maxmemory']:,} B, {limit.data['policy']}"
-    return [Band(limit.t, lifted, "eviction", what, f"{what} at {limit.t:.3f} s ({run_keys} of the run's keys evicted)")]
+    tip = f"{what} at {limit.t:.3f} s ({run_keys} of the run's keys evicted)"
+    return [Band(limit.t, lifted, "eviction", what, tip)]
 
 
 FAMILY = FaultFamily(

@@ -109,8 +109,8 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
             )
         if options.redis_url and broker.fault != "none":
             raise UsageError(
-                f"a broker fault ({broker.fault}) {'reconfigures' if broker.fault == 'eviction' else 'kills'} the server: "
-                "crashbench does that only to a server it started",
+                f"a broker fault ({broker.fault}) {'reconfigures' if broker.fault == 'eviction' else 'kills'} "
+                "the server: crashbench does that only to a server it started",
                 hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
         cls = load_design(spec)
