@@ -43,6 +43,8 @@ NOT_IN_THESE_RUNS = (
     "poison_jobs", "transient_jobs", "failing_jobs", "early_retries", "indeterminate", "recovered",
     "acks_lost", "trimmed", "trimmed_unread", "trimmed_pending", "undrained", "library_disagrees",
     "worker_crashes", "stuck_workers", "held_at_fault", "acked_during_lag", "not_replicated",
+    # no eviction fault: tests/test_eviction.py reads the server's own notifications itself
+    "evicted_keys", "evicted_neighbour", "lost_to_eviction", "oom_refused",
     # the built-in designs' stop takes nothing out of Redis (this reading, taken after it, agrees)
     "taken_by_stop",
     # no user's check ([app]): tests/test_app*.py read the user's database themselves

@@ -42,7 +42,7 @@ def _section(kinds: tuple[str, ...]) -> Any:
     return section
 
 
-def _driver(on_cluster: bool) -> Any:
+def _driver(on_cluster: bool, kinds: tuple[str, ...]) -> Any:
     """The driver of one server's faults (BrokerFaults) or of a cluster shard's (ClusterFaults), for a run
     that has that server and a producer."""
 
@@ -51,6 +51,8 @@ def _driver(on_cluster: bool) -> Any:
         from crashbench.faults.injector import BrokerFaults
 
         if run.broker is None or run.producer is None or isinstance(run.broker, ClusterBroker) != on_cluster:
+            return None
+        if not any(f.kind in kinds for f in run.planned):  # the server's fault is another family's (eviction)
             return None
         cls = ClusterFaults if on_cluster else BrokerFaults
         d = cls(
@@ -113,7 +115,7 @@ BROKER = FaultFamily(
     css=CSS,
     fields=fields,
     on_server=True,
-    driver=_driver(on_cluster=False),
+    driver=_driver(on_cluster=False, kinds=("broker-kill", "failover")),
     history=history,
 )
 CLUSTER = FaultFamily(
@@ -126,6 +128,6 @@ CLUSTER = FaultFamily(
     bands=_bands(CLUSTER_KINDS),
     fields=fields,
     on_server=True,
-    driver=_driver(on_cluster=True),
+    driver=_driver(on_cluster=True, kinds=CLUSTER_KINDS),
     history=history,
 )

@@ -86,6 +86,12 @@ class Counts:
     deploy_killed: int = 0  # ... still alive when their grace ended: their tree SIGKILLed
     deploy_interrupted: int = 0  # jobs started in a worker a rollout stopped that never ended there (its final ledger)
     deploy_lost: int = 0  # ... of which lost: what the rollouts cost (per rollout: deploy_lost / rollouts)
+    # an eviction fault (crashbench.faults.eviction), from the server's own notifications of what it evicted
+    evicted_keys: int = 0  # evictions of the run's keys while the memory limit held (a key evicted twice: 2)
+    evicted_neighbour: int = 0  # evictions of the neighbour's keys (outside the run's namespace)
+    # lost jobs (still in `lost`) held in an evicted key of the run's at the harness's last readings before it went
+    lost_to_eviction: int = 0
+    oom_refused: int = 0  # commands of the run's clients the server refused (OOM) while the limit held: INFO errorstats
     # consumers the streams' groups still held at the harness's final reading (XINFO CONSUMERS): a
     # name stays until deleted, so without a cleanup each killed consumer is left behind
     consumers: int = 0

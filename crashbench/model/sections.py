@@ -31,6 +31,7 @@ class WorkloadSpec:
     produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
     delay_s: float = 0.0  # a delayed job is due this many seconds after its enqueue (the library's own delay API)
     delay_share: float = 1.0  # share of jobs delayed when delay_s > 0 (the others are due at once)
+    payload_bytes: int = 0  # each job's payload padded to at least this many bytes (an eviction fault's fill)
 
     @property
     def longest_job_s(self) -> float:
@@ -85,6 +86,12 @@ class BrokerSpec:
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
+    # eviction (crashbench.faults.eviction): at fault_at, CONFIG SET maxmemory and maxmemory-policy for limit_s
+    maxmemory: int | str = "used+1mb"  # bytes, "64mb", or "used+2mb": the server's used_memory then, plus a margin
+    maxmemory_policy: str = "allkeys-lru"  # Redis's maxmemory-policy while the limit holds
+    fill: str = "neighbour"  # what fills it: "neighbour" (keys outside the run's namespace) or "payloads" (the jobs')
+    neighbour_ttl: float = 0.0  # the neighbour keys' TTL in seconds; 0: none (what volatile-* policies cannot evict)
+    limit_s: float = 1.0  # seconds the limit holds before it is lifted (maxmemory 0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fault", broker_fault_name(self.fault))  # "kill": the old name of broker-kill

@@ -36,12 +36,17 @@ def job_ids(n: int) -> JobIds:
     return JobIds(range(n))
 
 
-def jobs_for(ids: Sequence[str], token: str = "", workload: Workload | None = None) -> list[Job]:
+def jobs_for(ids: Sequence[str], token: str = "", workload: Workload | None = None, pad: int = 0) -> list[Job]:
     """The run's jobs for these ids, each id with the run's token before it (crashbench.jobids); the
-    payload carries the job's number; each delayed job (`workload`) its delay."""
+    payload carries the job's number, padded to `pad` bytes at least (workload.payload_bytes); each
+    delayed job (`workload`) its delay."""
+
+    def payload(j: str) -> str:
+        return f'{{"n": {int(j)}, "pad": "{"x" * max(0, pad - 20)}"}}' if pad else f'{{"n": {int(j)}}}'
+
     if workload is None or not workload.delay_s:
-        return [Job(wire(j, token), f'{{"n": {int(j)}}}') for j in ids]
-    return [Job(wire(j, token), f'{{"n": {int(j)}}}', delay_s=workload.delay_of(j)) for j in ids]
+        return [Job(wire(j, token), payload(j)) for j in ids]
+    return [Job(wire(j, token), payload(j), delay_s=workload.delay_of(j)) for j in ids]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class AppRun:
         spec = sc.app
         self.token = token
         self.workload = sc.workload_model()  # each job's delay (workload.delay_s)
+        self.pad = sc.workload.payload_bytes
         self.on = bool(spec.task)
         self.payloads = user.Payloads(spec.payloads, sc.workload.jobs) if self.on else None
         self.check_spec = spec.check
@@ -33,7 +34,7 @@ class AppRun:
     def jobs_for(self, ids: Sequence[str]) -> list[Job]:
         """The jobs of these ids: with an app, each carries its payload (JSON), else its number."""
         if self.payloads is None:
-            return jobs_for(ids, token=self.token, workload=self.workload)
+            return jobs_for(ids, token=self.token, workload=self.workload, pad=self.pad)
         where = f"payloads {self.payloads.source or '(the job numbers)'}"
         delay = self.workload.delay_of
         return [

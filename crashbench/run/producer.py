@@ -118,7 +118,7 @@ class Producer:
             else:
                 try:
                     entries = receipts(design.enqueue(chunk), ids, design.name)
-                except (*DOWN, EnqueueUnconfirmed):
+                except (*DOWN, EnqueueUnconfirmed, redis.exceptions.OutOfMemoryError):  # OOM: an eviction fault's
                     ok = False
                 else:
                     ok = True

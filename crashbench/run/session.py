@@ -109,7 +109,8 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
             )
         if options.redis_url and broker.fault != "none":
             raise UsageError(
-                f"a broker fault ({broker.fault}) kills the server: crashbench does that only to a server it started",
+                f"a broker fault ({broker.fault}) {'reconfigures' if broker.fault == 'eviction' else 'kills'} "
+                "the server: crashbench does that only to a server it started",
                 hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
         cls = load_design(spec)
@@ -159,7 +160,7 @@ def _check_cluster(plan: Plan) -> None:
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
         broker = scenario.broker
-        if broker.fault in ("broker-kill", "failover"):
+        if broker.fault in ("broker-kill", "failover", "eviction"):
             raise UsageError(f"a broker fault ({broker.fault}) acts on one server: not on a cluster yet")
         if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule):
             raise UsageError(

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import redis
+
 from crashbench.control import connect, memlimit
 from crashbench.control.connect import DOWN
 from crashbench.control.interpreter import URL_ENV
@@ -36,6 +38,7 @@ from crashbench.model.queue import DesignSettings, Job
 from crashbench.model.workload import Workload
 from crashbench.redact import redact_url, secrets_of
 
+OOM_PAUSE_S = 0.02  # a worker whose write the server refused (OOM) tries again after this long
 RECONNECT_S = 30.0  # a worker that cannot reach its server for this long gives up (exit 1)
 
 
@@ -230,6 +233,10 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     while not stop.requested and os.getppid() == parent_pid:
         try:
             run_batch(spec, design, name, ledger, clock)
+        except redis.exceptions.OutOfMemoryError:
+            # The server refuses writes (an eviction fault's noeviction limit): what the call was doing did
+            # not happen; the same call again a little later, as a worker that outlives the limit would.
+            time.sleep(OOM_PAUSE_S)
         except DOWN:
             # The server is down, restarting or failed over. Once it answers again, what this worker
             # still holds there (a job whose ack did not get through) is not being worked on: hand it

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from crashbench.faults.eviction import FILLS, POLICIES
 from crashbench.faults.signals import FAULT_SIGNALS as FAULT_SIGNALS  # the worker-signal family's vocabulary
 from crashbench.faults.signals import KILL_TARGETS as KILL_TARGETS
 from crashbench.faults.signals import KILL_WHEN as KILL_WHEN
@@ -15,18 +16,20 @@ from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
                  "transient_failures", "crash_rate", "crash_how", "produce",
-                 "delay_s", "delay_share"),
+                 "delay_s", "delay_share", "payload_bytes"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
               "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
               "stream_trim"),
-    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag"),
+    "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag",
+               "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s"),
     "run": ("drain_timeout", "designs"),
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
-# failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster
+# failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster;
+# eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction)
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
-                 "cluster-takeover", "cluster-partition")  # fmt: skip
+                 "cluster-takeover", "cluster-partition", "eviction")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 # before: every job is enqueued before the workers start; during: the producer enqueues them over
 # broker.produce_s seconds while the workers run (as it does with a broker fault)
@@ -83,12 +86,13 @@ NUMBERS: dict[str, Bound] = {
     "batch_size": POSITIVE_INT, "concurrency": COUNT, "shards": COUNT, "stream_maxlen": COUNT,
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
+    "payload_bytes": COUNT, "neighbour_ttl": NON_NEGATIVE, "limit_s": POSITIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {
     "job_dist": DISTRIBUTIONS, "crash_how": CRASH_HOW, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN,
     "kill_target": KILL_TARGETS, "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE,
-    "stream_trim": STREAM_TRIM,
+    "stream_trim": STREAM_TRIM, "maxmemory_policy": POLICIES, "fill": FILLS,
 }  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
