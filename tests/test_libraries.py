@@ -320,7 +320,8 @@ def test_the_readme_library_table_is_what_its_result_files_give() -> None:
 def test_huey_loses_what_a_sigterm_interrupts_and_its_recipe_puts_it_back(small: Scenario) -> None:
     # SIGTERM is huey's hard stop (coleifer/huey#796): the consumer emits SIGNAL_INTERRUPTED for the task
     # it was running and exits. As installed that task is gone; huey:requeue's handler enqueues it again.
-    sc = small.replace(jobs=300, job_ms=20, kills=3, interval=0.15, signal="SIGTERM", drain_timeout=10)
+    # Jobs of 200 ms: a SIGTERM finds its task well inside it, whatever the load (at 20 ms, it may be done).
+    sc = small.replace(jobs=80, job_ms=200, kills=3, interval=0.3, signal="SIGTERM", drain_timeout=10)
     result = run_designs(sc, ["huey", "huey:requeue"], Options())
     plain, requeue = result.runs
     assert plain.problems == [] and requeue.problems == []
