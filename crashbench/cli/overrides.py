@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from crashbench.model.faults import OLD_NAMES
-from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
+from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS, JOB_WORK
 from crashbench.scenario import (
     BROKER_FAULTS,
     FAULT_SIGNALS,
@@ -52,6 +52,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--transient-rate", "transient_rate", FINITE, "Share of jobs that raise on their first attempts, 0..1 (workload.transient_rate)."),
     ("--transient-failures", "transient_failures", int, "How many first attempts of a transient job raise (workload.transient_failures)."),
     ("--crash-rate", "crash_rate", FINITE, "Share of jobs whose handler kills its own worker on every attempt, 0..1 (workload.crash_rate)."),
+    ("--job-work", "job_work", click.Choice(JOB_WORK), "How a handler spends its duration: sleep, or gil (one call that holds the GIL throughout, a CPU-bound job) (workload.job_work)."),
     ("--crash-how", "crash_how", click.Choice(CRASH_HOW), "How a crash job dies: sigkill, exit (os._exit), memory (past a memory limit) (workload.crash_how)."),
     ("--produce", "produce", click.Choice(PRODUCE), "before: enqueue every job before the workers start; during: over --produce-s seconds while they run (workload.produce)."),
     ("--delay-s", "delay_s", FINITE, "Delay each job this many seconds through the library's own delay API; 0 = none (workload.delay_s)."),

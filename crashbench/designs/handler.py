@@ -20,7 +20,7 @@ import time
 
 from crashbench.control import memlimit
 from crashbench.model.ledger import LedgerWriter
-from crashbench.model.workload import Workload
+from crashbench.model.workload import Workload, spend
 
 _opened: tuple[int, LedgerWriter, Workload] | None = None
 
@@ -74,7 +74,7 @@ def context() -> tuple[LedgerWriter, Workload]:
 def handle(job_id: str, attempt: int = 1) -> None:
     ledger, workload = context()
     ledger.start(job_id, time.monotonic())
-    time.sleep(workload.duration_s(job_id))
+    spend(workload.duration_s(job_id), workload.job_work)
     if workload.crash_rate and workload.crashes(job_id):
         crash(workload.crash_how)
     if workload.fails(job_id, attempt):

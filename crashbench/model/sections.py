@@ -28,6 +28,7 @@ class WorkloadSpec:
     transient_failures: int = 1
     crash_rate: float = 0.0  # share of jobs whose handler kills its own process on every attempt (a crash loop)
     crash_how: str = "sigkill"  # how: sigkill, exit (os._exit), memory (allocates past the worker's memory limit)
+    job_work: str = "sleep"  # how a handler spends its duration: sleep, or gil (one call that holds the GIL throughout)
     produce: str = "before"  # or "during": the producer enqueues over produce_s while the workers run
     delay_s: float = 0.0  # a delayed job is due this many seconds after its enqueue (the library's own delay API)
     delay_share: float = 1.0  # share of jobs delayed when delay_s > 0 (the others are due at once)

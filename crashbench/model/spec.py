@@ -136,7 +136,8 @@ class Scenario:
             data.pop(key)
         # Settings added later, at their defaults: older results keep their fingerprint.
         later = (("shards", 0), ("stream_maxlen", 0), ("stream_trim", "exact"), ("produce", "before"),
-                 ("crash_rate", 0.0), ("crash_how", "sigkill"), ("delay_s", 0.0), ("delay_share", 1.0),
+                 ("crash_rate", 0.0), ("crash_how", "sigkill"), ("job_work", "sleep"), ("delay_s", 0.0),
+                 ("delay_share", 1.0),
                  ("payload_bytes", 0), ("maxmemory", "used+1mb"), ("maxmemory_policy", "allkeys-lru"),
                  ("fill", "neighbour"), ("neighbour_ttl", 0.0), ("limit_s", 1.0))  # fmt: skip
         for key, default in (*later, *((name, "") for name in flat(AppSpec()))):

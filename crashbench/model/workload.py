@@ -8,6 +8,8 @@ every replay agree: how long its handler runs, and whether (and on which attempt
     transient  a job with probability transient_rate: raises on its first transient_failures attempts
     crash      a job with probability crash_rate: its handler kills its own process on every attempt
                (crash_how: sigkill, exit or memory; crashbench.designs.handler.crash), a crash loop
+    gil        with job_work = "gil", a handler spends its duration in one call that never releases the
+               GIL (`spend`): a CPU-bound job that starves the process's other threads (a heartbeat's)
     delayed    a job with probability delay_share, when delay_s > 0: due delay_s after its enqueue
 
 Each of poison, transient and crash is drawn from a uniform of its own (seed, job, purpose), so the
@@ -19,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crashbench.jobids import JobIds, plain, wire
 from crashbench.model.queue import Job
 
+JOB_WORK = ("sleep", "gil")
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 # How a crash job kills the process that runs it (crashbench.designs.handler.crash)
 CRASH_HOW = ("sigkill", "exit", "memory")
@@ -59,6 +63,7 @@ class Workload:
     transient_failures: int = 1
     crash_rate: float = 0.0
     crash_how: str = "sigkill"
+    job_work: str = "sleep"
     delay_s: float = 0.0
     delay_share: float = 1.0
     seed: int = 1
@@ -117,3 +122,20 @@ class Workload:
         if not (self.poison_rate or self.transient_rate):
             return False
         return self.is_poison(job) or (self.is_transient(job) and attempt <= self.transient_failures)
+
+
+_sum_rate: float | None = None  # range items sum() adds per second in this process (`spend` calibrates it once)
+
+
+def spend(seconds: float, work: str = "sleep") -> None:
+    """Spend a handler's duration: asleep (the GIL released), or ("gil") in one sum() over a range, a C
+    loop that never releases the GIL, sized by a calibration of this process's speed."""
+    global _sum_rate
+    if work != "gil":
+        time.sleep(seconds)
+        return
+    if _sum_rate is None:
+        n, t = 200_000, time.perf_counter()
+        sum(range(n))
+        _sum_rate = n / max(time.perf_counter() - t, 1e-6)
+    sum(range(int(_sum_rate * seconds)))

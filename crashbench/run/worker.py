@@ -35,7 +35,7 @@ from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.designs.handler import crash
 from crashbench.model.ledger import LedgerWriter
 from crashbench.model.queue import DesignSettings, Job
-from crashbench.model.workload import Workload
+from crashbench.model.workload import Workload, spend
 from crashbench.redact import redact_url, secrets_of
 
 OOM_PAUSE_S = 0.02  # a worker whose write the server refused (OOM) tries again after this long
@@ -86,12 +86,13 @@ def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
     """The job's work: sleep its duration, heartbeating inside when that is on. False: it raised."""
     remaining = spec.workload.duration_s(job.id)
     every = spec.settings.heartbeat_every
+    work = spec.workload.job_work  # asleep, or holding the GIL (workload.spend)
     while every and remaining > every:
-        time.sleep(every)
+        spend(every, work)
         remaining -= every
         design.heartbeat(name, job, time.monotonic())
     if remaining > 0:
-        time.sleep(remaining)
+        spend(remaining, work)
     if spec.workload.crash_rate and spec.workload.crashes(job.id):
         crash(spec.workload.crash_how)  # the job kills this worker (a crash loop); never returns
     return not spec.workload.fails(job.id, job.attempt)

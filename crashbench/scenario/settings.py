@@ -11,11 +11,11 @@ from crashbench.faults.eviction import FILLS, POLICIES
 from crashbench.faults.signals import FAULT_SIGNALS as FAULT_SIGNALS  # the worker-signal family's vocabulary
 from crashbench.faults.signals import KILL_TARGETS as KILL_TARGETS
 from crashbench.faults.signals import KILL_WHEN as KILL_WHEN
-from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS
+from crashbench.model.workload import CRASH_HOW, DISTRIBUTIONS, JOB_WORK
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("jobs", "job_ms", "workers", "job_dist", "job_ms_max", "poison_rate", "transient_rate",
-                 "transient_failures", "crash_rate", "crash_how", "produce",
+                 "transient_failures", "crash_rate", "crash_how", "job_work", "produce",
                  "delay_s", "delay_share", "payload_bytes"),
     "faults": ("kills", "interval", "signal", "kill_when", "seed", "pause", "kill_target"),
     "queue": ("stale_after", "recover_every", "max_attempts", "retry_base", "retry_factor", "retry_jitter",
@@ -90,7 +90,8 @@ NUMBERS: dict[str, Bound] = {
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {
-    "job_dist": DISTRIBUTIONS, "crash_how": CRASH_HOW, "signal": FAULT_SIGNALS, "kill_when": KILL_WHEN,
+    "job_dist": DISTRIBUTIONS, "crash_how": CRASH_HOW, "job_work": JOB_WORK, "signal": FAULT_SIGNALS,
+    "kill_when": KILL_WHEN,
     "kill_target": KILL_TARGETS, "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE,
     "stream_trim": STREAM_TRIM, "maxmemory_policy": POLICIES, "fill": FILLS,
 }  # fmt: skip
@@ -98,6 +99,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
-    if name not in ("job_dist", "crash_how", "signal", "kill_when", "designs", "kill_target", "fault", "persistence",
-                    "produce", "stream_trim")
+    if name not in ("job_dist", "crash_how", "job_work", "signal", "kill_when", "designs", "kill_target", "fault",
+                    "persistence", "produce", "stream_trim")
 )  # fmt: skip
