@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: app-example celery-pools compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -163,6 +163,13 @@ celery-pools: $(STAMP)  ## docs/how-to/libraries.md's Celery pools (one run each
 	rm -rf results/readme/celery-pools
 	$(BIN)/crashbench compare --designs celery:acks-late,celery:threads,celery:solo --jobs 400 --kills 3 --plain \
 	  --out results/readme/celery-pools
+
+# docs/how-to/deploys.md's table: one rollout with a 30 s grace (2 s jobs) per design and library (about 4 minutes).
+deploy-libraries: $(STAMP)  ## docs/how-to/deploys.md's table (a 30 s-grace rollout, designs and libraries)
+	rm -rf results/readme/deploy
+	$(BIN)/crashbench compare -s scenarios/deploy-grace-30.toml --plain --out results/readme/deploy
+	$(BIN)/crashbench compare -s scenarios/deploy-grace-30.toml --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,huey:requeue,taskiq:reliable \
+	  --plain --out results/readme/deploy
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
