@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: app-example celery-pools deploy-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries library-scenarios compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -170,6 +170,17 @@ deploy-libraries: $(STAMP)  ## docs/how-to/deploys.md's table (a 30 s-grace roll
 	$(BIN)/crashbench compare -s scenarios/deploy-grace-30.toml --plain --out results/readme/deploy
 	$(BIN)/crashbench compare -s scenarios/deploy-grace-30.toml --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,huey:requeue,taskiq:reliable \
 	  --plain --out results/readme/deploy
+
+# docs/findings/library-scenarios.md's table: every library adapter (but arq and saq, under --worker-python) in the
+# graceful (SIGTERM) and pause (SIGSTOP) scenarios, 2 seeds each, a 20 s window (about 30 minutes).
+SCENARIO_LIBRARIES := rq rq:reliable celery celery:acks-late celery:threads celery:solo dramatiq dramatiq:reliable huey \
+  huey:requeue taskiq taskiq:stream taskiq:reliable
+library-scenarios: $(STAMP)  ## docs/findings/library-scenarios.md's table (libraries under SIGTERM and SIGSTOP)
+	rm -rf results/readme/library-scenarios
+	for s in graceful pause; do for d in $(SCENARIO_LIBRARIES); do \
+	  $(BIN)/crashbench run -s $$s --design $$d --drain-timeout 20 --repeat 2 --plain --out results/readme/library-scenarios; \
+	done; done
+	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.

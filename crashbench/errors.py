@@ -7,6 +7,7 @@ same names. Core modules raise `CrashbenchError` subclasses; only the CLI turns 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -102,9 +103,17 @@ class UnexpectedError(CrashbenchError):
     @classmethod
     def from_exception(cls, exc: BaseException, during: str, workdir: object = None) -> UnexpectedError:
         """The error, where it came from (the innermost frame) and where its evidence was kept."""
-        tb = exc.__traceback__
+        tb, ours = exc.__traceback__, None
         while tb is not None and tb.tb_next is not None:
+            if "/crashbench/" in tb.tb_frame.f_code.co_filename:
+                ours = tb  # the innermost frame of crashbench's own: what called the library that raised
             tb = tb.tb_next
-        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}" if tb else "?"
+
+        def at(t: Any) -> str:
+            return f"{t.tb_frame.f_code.co_filename}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
+
+        where = at(tb) if tb else "?"
+        if ours is not None and ours is not tb and "/crashbench/" not in where:
+            where += f", called from {at(ours)}"
         kept = f"; ledgers and worker logs kept in {workdir}" if workdir else ""
         return cls(f"{during}: {type(exc).__name__}: {exc}\n  at {where}{kept}")

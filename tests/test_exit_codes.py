@@ -224,3 +224,14 @@ def test_ctrl_c_in_bench_exits_130(signals: int, tmp_path: Path) -> None:
     # 50,000 jobs: enqueued in under 1 s; two reliable workers take over 10 s on them (~4,400 jobs/s)
     args = ["bench", "--designs", "reliable", "--workers", "2", "--jobs", "50000", "--repeat", "1"]
     _interrupt([*args, "--memory-jobs", "0"], 3, signals, 0.3, tmp_path)  # server + 2 workers
+
+
+def test_an_unexpected_error_names_the_frame_of_crashbench_that_called_the_library() -> None:
+    # A library's error (here json's) is reported where it was raised and where crashbench called it.
+    from crashbench.errors import UnexpectedError
+    from crashbench.model.workload import Workload
+
+    with pytest.raises(ValueError) as caught:
+        Workload.from_json("{")
+    text = UnexpectedError.from_exception(caught.value, "test").message
+    assert "json/decoder.py" in text and "called from" in text and "crashbench/model/workload.py" in text, text
