@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: app-example celery-pools compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools library-reports compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -163,6 +163,14 @@ celery-pools: $(STAMP)  ## docs/how-to/libraries.md's Celery pools (one run each
 	rm -rf results/readme/celery-pools
 	$(BIN)/crashbench compare --designs celery:acks-late,celery:threads,celery:solo --jobs 400 --kills 3 --plain \
 	  --out results/readme/celery-pools
+
+# docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
+# run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);
+# one result file per run in results/readme/library-reports/<report>/, the table written into the doc.
+library-reports: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-reports.md's table (each user report, its scenario, its verdict)
+	rm -rf results/readme/library-reports
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/library_reports.py run results/readme/library-reports --worker-python $(ARQ_PY)
+	$(BIN)/python lab/library_reports.py table results/readme/library-reports --doc docs/findings/library-reports.md
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
