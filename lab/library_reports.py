@@ -291,7 +291,8 @@ def row(out: Path, report: Report) -> str:
             (fixed if r.key == "fix" else claim).append(f"{r.key}: {failed[r.key]}")
             continue
         for design, design_run in measured.get(r.key, {}).items():
-            (fixed if (r.key, design) in report.fixed else claim).append(cell(design_run, report.show))
+            text = (f"{r.key}: " if len(report.runs) > 1 else "") + cell(design_run, report.show)
+            (fixed if (r.key, design) in report.fixed else claim).append(text)
     complete = all(r.key in measured for r in report.runs)
     if not measured:
         verdict, claim = "not run yet", ["not run yet"]
