@@ -108,7 +108,7 @@ REPORTS: tuple[Report, ...] = (
         "countdown tasks lost on `kill -9` of the worker, or after a Redis restart",
         (Run("claim", "delayed-kill", "celery,celery:acks-late"),
          Run("restart", "delayed-broker-kill", "celery,celery:acks-late"),
-         Run("fix", "delayed-broker-kill", "celery", ("--persistence", "aof-everysec"))),
+         Run("fix", "delayed-broker-kill", "celery", ("--persistence", "aof-everysec", "--drain-timeout", "20"))),
         ("done", "lost", "stranded", "duplicated", "held_at_fault"),
         "`celery` never completes a countdown task (lost + stranded > 0) after the kill or the restart",
         _celery_3501,
@@ -133,7 +133,8 @@ REPORTS: tuple[Report, ...] = (
     Report(
         "rq-1846", "rq/rq#1846",
         "the job in progress when Redis restarts is never finished nor retried",
-        (Run("claim", "broker-kill-aof-everysec", "rq", ("--jobs", "200", "--drain-timeout", "30")),),
+        (Run("claim", "broker-kill-aof-everysec", "rq",
+             ("--jobs", "200", "--downtime", "0.1", "--drain-timeout", "30")),),
         ("held_at_fault", "done", "lost", "stranded", "duplicated", "worker_crashes"),
         "`rq`: lost + stranded > 0",
         lambda m: count(m, "claim", "rq", "lost") + count(m, "claim", "rq", "stranded") > 0,
@@ -295,7 +296,8 @@ def row(out: Path, report: Report) -> str:
             (fixed if (r.key, design) in report.fixed else claim).append(text)
     complete = all(r.key in measured for r in report.runs)
     if not measured:
-        verdict, claim = "not run yet", ["not run yet"]
+        verdict = "not decided: the run ended without a result" if failed else "not run yet"
+        claim = claim or ["not run yet"]
     else:
         try:
             holds = report.holds(measured) if report.holds else None
