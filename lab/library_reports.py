@@ -183,13 +183,14 @@ REPORTS: tuple[Report, ...] = (
     Report(
         "rq-1280", "rq/rq#1280 (Sidekiq, BullMQ alike)",
         "`maxmemory` eviction silently drops queued jobs",
-        (Run("claim", "eviction-allkeys-lru", "rq,celery:acks-late,huey"),
-         Run("fix", "eviction-noeviction", "rq,celery:acks-late,huey")),
+        (Run("claim", "eviction-allkeys-lru", "rq,celery:acks-late,huey", ("--drain-timeout", "20")),
+         Run("fix", "eviction-noeviction", "celery:acks-late,huey", ("--drain-timeout", "20")),
+         Run("fix-rq", "eviction-noeviction", "rq", ("--drain-timeout", "20"))),
         ("lost", "lost_to_eviction", "evicted_keys", "indeterminate", "oom_refused"),
         "any library under allkeys-lru: lost_to_eviction > 0",
         lambda m: _any(m, "claim", lambda r: r.counts.lost_to_eviction > 0),
         "`maxmemory-policy noeviction` (or volatile-* with no TTL on queue keys): enqueues refused, none dropped",
-        (("fix", "rq"), ("fix", "celery:acks-late"), ("fix", "huey")),
+        (("fix-rq", "rq"), ("fix", "celery:acks-late"), ("fix", "huey")),
     ),
     Report(
         "k8s-rollout", "Kubernetes rollouts",
@@ -254,7 +255,7 @@ def load(out: Path, report: Report) -> tuple[Measured, dict[str, str]]:
             result = Result.from_dict(json.loads(path.read_text()))
             measured[r.key] = {d.design: d for d in result.runs}
         elif note.exists():
-            failed[r.key] = note.read_text().strip()
+            failed[r.key] = note.read_text().strip().replace("|", "\\|")
     return measured, failed
 
 
@@ -289,7 +290,7 @@ def row(out: Path, report: Report) -> str:
     claim, fixed = [], []
     for r in report.runs:
         if r.key in failed:
-            (fixed if r.key == "fix" else claim).append(f"{r.key}: {failed[r.key]}")
+            (fixed if r.key.startswith("fix") else claim).append(f"{r.key}: {failed[r.key]}")
             continue
         for design, design_run in measured.get(r.key, {}).items():
             text = (f"{r.key}: " if len(report.runs) > 1 else "") + cell(design_run, report.show)
