@@ -112,8 +112,8 @@ REPORTS: tuple[Report, ...] = (
         ("done", "lost", "stranded", "duplicated", "held_at_fault"),
         "`celery` never completes a countdown task (lost + stranded > 0) after the kill or the restart",
         _celery_3501,
-        "after `kill -9`: a shorter `visibility_timeout` (restored sooner; but see kombu#337); "
-        "after a restart: Redis persistence (`appendonly yes`)",
+        "none found: a shorter `visibility_timeout` restores them sooner but runs long countdowns N times "
+        "(kombu#337); persistence (`appendonly yes`) keeps them through a restart, in `unacked` for that timeout",
         (("fix", "celery"),),
     ),
     Report(
@@ -233,6 +233,7 @@ def run(out: Path, worker_python: str | None, only: list[str]) -> None:
         for r in report.runs:
             directory = out / report.id
             directory.mkdir(parents=True, exist_ok=True)
+            (directory / f"{r.key}.txt").unlink(missing_ok=True)  # an earlier run's failure
             if r.worker_python and not worker_python:
                 (directory / f"{r.key}.txt").write_text("not run: needs --worker-python\n")
                 continue
@@ -242,8 +243,10 @@ def run(out: Path, worker_python: str | None, only: list[str]) -> None:
             done = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
             sys.stderr.write(done.stderr)
             if done.returncode not in (0, 1):  # 1: an expectation failed; the result is written all the same
-                last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-                (directory / f"{r.key}.txt").write_text(f"exit {done.returncode}: {last}\n")
+                lines = done.stderr.strip().splitlines() or [""]
+                error = next((line for line in lines if line.startswith("crashbench: error:")), "")
+                last = lines[-1] if lines[-1] != error else ""
+                (directory / f"{r.key}.txt").write_text(f"exit {done.returncode}: {error} {last}".strip() + "\n")
 
 
 def load(out: Path, report: Report) -> tuple[Measured, dict[str, str]]:
