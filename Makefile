@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
 
-.PHONY: app-example celery-pools deploy-libraries library-scenarios compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -181,6 +181,14 @@ library-scenarios: $(STAMP)  ## docs/findings/library-scenarios.md's table (libr
 	  $(BIN)/crashbench run -s $$s --design $$d --drain-timeout 20 --repeat 2 --plain --out results/readme/library-scenarios; \
 	done; done
 	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
+
+# docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
+# run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);
+# one result file per run in results/readme/library-reports/<report>/, the table written into the doc.
+library-reports: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-reports.md's table (each user report, its scenario, its verdict)
+	rm -rf results/readme/library-reports
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/library_reports.py run results/readme/library-reports --worker-python $(ARQ_PY)
+	$(BIN)/python lab/library_reports.py table results/readme/library-reports --doc docs/findings/library-reports.md
 
 # docs/how-to/reports-and-results.md's screenshot: the default scenario's compare, its HTML report, and headless Chromium's
 # picture of it (Debian's chromium package: apt-get install chromium). The result files stay beside it.
