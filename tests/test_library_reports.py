@@ -95,11 +95,12 @@ def test_every_report_with_a_rule_has_a_flip_and_the_table_shows_the_rule() -> N
 @pytest.mark.parametrize("report", [r for r in lab.REPORTS if r.holds], ids=lambda r: r.id)
 def test_each_rule_gives_the_committed_verdict_and_fires_the_other_way_on_a_changed_copy(report) -> None:
     measured, _ = lab.load(OUT, report)
+    row = next(line for line in _doc_table().splitlines() if line.startswith(f"| {report.links}:"))
     try:
         verdict = report.holds(measured)
     except KeyError:  # a run the rule reads ended without a result (or was not run): the doc says so
-        pytest.skip(f"{report.id}: not decided")
-    row = next(line for line in _doc_table().splitlines() if line.startswith(f"| {report.links}:"))
+        assert "not decided" in row, row
+        return
     assert ("**holds**" in row) == verdict
     changed = copy.deepcopy(measured)
     FLIP[report.id](changed, not verdict)
