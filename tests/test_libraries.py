@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from crashbench import scenario
 from crashbench.designs import load_design
 from crashbench.errors import UsageError
 from crashbench.model.results import DesignRun
@@ -338,3 +339,16 @@ def test_huey_loses_what_a_sigterm_interrupts_and_its_recipe_puts_it_back(small:
     assert interrupted(requeue) and not interrupted(requeue) & set(requeue.jobs.get("lost", []))
     assert requeue.counts.stranded == 0
     assert requeue.counts.redelivered >= 1  # an interrupted task ran again
+
+
+@installed("rq")
+def test_library_workers_that_exit_on_a_lost_server_are_the_broker_fault_s_not_a_reason_to_abort(
+    small: Scenario,
+) -> None:
+    # RQ's workers exit on a ConnectionError while the server is down (rq/rq#1846's setting): more than
+    # 2 x workers of them. They are counted and respawned; the run goes on to its counts instead of aborting.
+    sc = scenario.load("broker-kill-aof-everysec").replace(jobs=200, downtime=0.1, drain_timeout=8, designs=())
+    run = run_designs(sc, ["rq"], Options()).runs[0]
+    assert run.broker_fault is not None and run.broker_fault.back_at is not None
+    assert run.counts.worker_crashes > 2 * sc.workload.workers  # what used to abort the run (exit 4)
+    assert run.problems == [] and run.counts.enqueued == 200 and run.counts.lost == 0  # aof-everysec kept them

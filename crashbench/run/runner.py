@@ -11,6 +11,7 @@ whatever happened.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ class RunHooks:
 class CrashRun:
     STARTUP_TIMEOUT = 30.0  # a library worker under load can take seconds to come up
     TICK = 0.005  # main-loop period; waiting for a victim to enter a handler polls 10x faster
+    # Seconds after a fault had the server down within which a worker's exit is the fault's doing (a library
+    # worker that gives up on a lost server, RQ's): counted, respawned, but never a reason to abort the run.
+    SERVER_SETTLE = 5.0
 
     def __init__(
         self,
@@ -164,6 +168,7 @@ class CrashRun:
         self.phase = "starting"
         self.t0 = 0.0
         self._next_recover = self._next_progress = 0.0
+        self._down_at, self._fault_exits = -math.inf, 0  # the server last seen down; exits that followed it
         self.inspect_s = 0.0  # time spent reading Redis for the evidence
         self.enqueues: list[tuple[float, JobIds, Receipts]] = []  # (harness clock, ids, receipts), before t0
         self.marks: list[tuple[float, str, int]] = []  # recovery passes, broker events, the drain's start
@@ -284,6 +289,7 @@ class CrashRun:
         # would only wait on the dead server (seconds, on a loaded machine), and the producer and the
         # worker faults, on this same loop, with them.
         down = self.down
+        self._down_at = now if down else self._down_at
         if now >= self._next_recover and self.phase != "starting" and not down:
             gave_back = self._tolerant(lambda: self.design.recover(now), None)
             self.marks.append((now, "recover", gave_back if isinstance(gave_back, int) else -1))
@@ -309,7 +315,8 @@ class CrashRun:
                 continue
             if not self.crashloop.explains(w.name):  # a crash job's death is the workload's (run.crashloop)
                 self.exits.append(WorkerExit(w.name, w.describe_exit(), w.log_tail()))
-            if len(self.exits) > 2 * self.sc.workload.workers:
+                self._fault_exits += self.clock() - self._down_at < self.SERVER_SETTLE
+            if len(self.exits) - self._fault_exits > 2 * self.sc.workload.workers:
                 if not self.down:
                     self.harness.client.ping()  # workers that died of a lost server: that is the error (exit 3)
                 raise RunAborted(
