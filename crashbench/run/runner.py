@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
@@ -46,33 +45,11 @@ from crashbench.run.harness import Harness, Workers
 from crashbench.run.network import RunNetwork
 from crashbench.run.producer import Producer, Through
 from crashbench.run.progress import Progress
+from crashbench.run.target import RunHooks as RunHooks
+from crashbench.run.target import RunTarget as RunTarget
 
-Clock = Callable[[], float]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class RunTarget:
-    """What identifies one crash run: its design, its server, and its place in the session."""
-
-    design: str  # the design's spec, as load_design takes it
-    url: str  # the run's server (a broker fault's own, when the run has one)
-    run_id: str  # the session's: the hash tag every key of the session carries
-    index: int = 0  # the run's place in the session (its key prefix's too)
-    variant: str = ""  # a sweep's value ("stale_after=2"), else ""
-    repeat: int = 0
-    external: bool = False  # a server crashbench did not start: the run's keys get a lease
-
-
-@dataclass(frozen=True, slots=True)
-class RunHooks:
-    """What the session watches and steers a run with."""
-
-    progress: Callable[[Progress], None] | None = None
-    stop: StopFlag | None = None  # raised by SIGINT / SIGTERM; the run's own when None
-    warn: Callable[[str], None] | None = None  # told, before the run starts, what in its settings is unsafe
-    clock: Clock = time.monotonic
-    keep_dir: bool = False  # keep the run's directory (ledgers, worker logs) whatever happens
+NO_HOOKS = RunHooks()  # a run nobody watches: its own stop flag, the monotonic clock
 
 
 class CrashRun:
@@ -86,7 +63,7 @@ class CrashRun:
         self,
         scenario: Scenario,
         target: RunTarget,
-        hooks: RunHooks = RunHooks(),
+        hooks: RunHooks = NO_HOOKS,
         worker_python: WorkerPython | None = None,
         broker: Broker | ClusterBroker | None = None,
     ) -> None:
