@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crashbench.designs.handler import context
 from crashbench.errors import UsageError
 from crashbench.jobids import TOKEN_LEN, is_token
 from crashbench.model.queue import Job
@@ -88,10 +89,11 @@ class Payloads:
         self.source = source
         self.fn: Callable[[int], Any] | None = None
         self.lines: list[Any] | None = None
+        self.texts: list[str] | None = None  # the lines' payloads as JSON, encoded once as they were read
         if not source:
             return
         if source.endswith((".jsonl", ".json", ".ndjson")) or os.sep in source or ":" not in source:
-            self.lines = _read_jsonl(Path(source), jobs)
+            self.lines, self.texts = _read_jsonl(Path(source), jobs)
         else:
             fn = importable(source, "payloads")
             if not callable(fn):
@@ -104,11 +106,15 @@ class Payloads:
         if self.fn is None:
             return n
         try:
-            value = self.fn(n)
+            return self.fn(n)
         except Exception as exc:
             raise UsageError(f"payloads {self.source}({n}) raised {type(exc).__name__}: {exc}") from None
-        encoded(value, f"payloads {self.source}({n})")
-        return value
+
+    def text(self, n: int) -> str:
+        """Job n's payload as the JSON the job carries; one line when it does not serialize."""
+        if self.texts is not None:
+            return self.texts[n]
+        return encoded(self.payload(n), f"payloads {self.source or '(the job numbers)'}({n})")
 
 
 def encoded(value: Any, where: str) -> str:
@@ -122,12 +128,14 @@ def encoded(value: Any, where: str) -> str:
     return text
 
 
-def _read_jsonl(path: Path, jobs: int) -> list[Any]:
+def _read_jsonl(path: Path, jobs: int) -> tuple[list[Any], list[str]]:
+    """The first `jobs` payloads of a JSONL file, as values and as JSON (each checked to serialize)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read payloads {path}: {exc}") from None
     out: list[Any] = []
+    texts: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -135,14 +143,14 @@ def _read_jsonl(path: Path, jobs: int) -> list[Any]:
             out.append(json.loads(line))
         except ValueError as exc:
             raise UsageError(f"payloads {path}, line {number}: not JSON ({exc})") from None
-        encoded(out[-1], f"payloads {path}, line {number}")
+        texts.append(encoded(out[-1], f"payloads {path}, line {number}"))
         if len(out) == jobs:
             break
     if len(out) < jobs:
         raise UsageError(
             f"payloads {path} has {len(out)} payload(s) for {jobs} jobs", hint=f"give --jobs {len(out)} or more lines"
         )
-    return out
+    return out, texts
 
 
 def check_function(spec: str) -> Callable[[Any], Any]:
@@ -270,6 +278,4 @@ def probe_main() -> None:
 
 
 def _ledger() -> Any:
-    from crashbench.designs.handler import context  # the handler's per-process ledger writer
-
-    return context()[0]
+    return context()[0]  # the handler's per-process ledger writer

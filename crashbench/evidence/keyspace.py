@@ -134,7 +134,8 @@ def _entries(key: StoredKey) -> Iterator[tuple[str, bytes, bytes | None]]:
             yield "", item, item
 
 
-def _blob(key: StoredKey) -> bytes:
+def blob(key: StoredKey) -> bytes:
+    """Every byte a key's entries hold, one run (a stream's and a hash's fields and values, separated)."""
     if key.type == "stream":
         return b"\0".join(b for fields in key.entries.values() for kv in fields.items() for b in kv)
     if key.type == "hash":
@@ -148,7 +149,7 @@ def search_key(needle: Needle, key: StoredKey, cls: str, where: str, found: Find
     if cls != "bookkeeping":  # a bookkeeping key named after a job (its lock, its result) is no copy of it
         for job in needle.ids(key.name.encode()):
             found.add(job, here)
-    raw, b64 = needle.anywhere(_blob(key))
+    raw, b64 = needle.anywhere(blob(key))
     if not (raw or b64):
         return
     if cls != "bookkeeping" and not b64 and key.type in ("list", "set", "zset", "string"):

@@ -27,13 +27,14 @@ from typing import Any
 
 import redis
 
+from crashbench.control.server import cleanup_keys
 from crashbench.evidence import inspector
 from crashbench.evidence.checker import History, Section, Sections, checker
+from crashbench.evidence.keyspace import blob
 from crashbench.faults.family import Band, Driver, Entry, FaultFamily
 from crashbench.model.counts import Problem
 from crashbench.model.faults import JOB_SAMPLE, Fault
 from crashbench.model.spec import Scenario
-from crashbench.model.stored import StoredKey
 from crashbench.model.timeline import FaultEvent, Timeline, rel
 
 POLICIES = (
@@ -98,7 +99,8 @@ class Eviction:
         self.policy, self.fill, self.ttl = b.maxmemory_policy, b.fill, b.neighbour_ttl
         self.size = parse_size(b.maxmemory) or (True, 1024**2)
         self.patterns, self.needle = run.design.key_patterns(), run.needle
-        self.client = redis.Redis.from_url(run.broker.url, socket_timeout=10)
+        self.url = run.broker.url
+        self.client = redis.Redis.from_url(self.url, socket_timeout=10)
         self.db = int(self.client.connection_pool.connection_kwargs.get("db", 0))
         self.sub: Any = None
         self.phase = "waiting"  # limited, lifted
@@ -171,7 +173,7 @@ class Eviction:
     def _read(self) -> None:
         """The jobs in each of the run's keys, by the harness's own reading (every key, in full)."""
         snap = inspector.take(self.client, self.patterns)
-        now = {name: set(self.needle.ids(name.encode()) + self.needle.ids(_blob(k))) for name, k in snap.keys.items()}
+        now = {name: set(self.needle.ids(name.encode()) + self.needle.ids(blob(k))) for name, k in snap.keys.items()}
         chunks = self.producer.chunks[self.chunks :] if self.producer is not None else []
         self.chunks += len(chunks)
         unseen = {j for _, ids, ok, _, _ in chunks if ok for j in ids} - {j for ids in now.values() for j in ids}
@@ -223,29 +225,9 @@ class Eviction:
             "written": self.written, "refused": self.refused,
         }  # fmt: skip
         self.events.append(FaultEvent("eviction", "lifted", rel(self.clock(), self.t0), data))
-        for batch in _batches(c.scan_iter(match=f"{NEIGHBOUR}*", count=1000), 1000):
-            c.unlink(*batch)  # the neighbour gone again: the final reading searches the whole server
         c.close()
+        cleanup_keys(self.url, NEIGHBOUR)  # the neighbour gone again: the final reading searches the whole server
         self.phase = "lifted"
-
-
-def _batches(names: Any, size: int) -> Any:
-    batch: list[bytes] = []
-    for name in names:
-        batch.append(name)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _blob(key: StoredKey) -> bytes:
-    if key.type == "stream":
-        return b"\0".join(b for f in key.entries.values() for kv in f.items() for b in kv)
-    if key.type == "hash":
-        return b"\0".join(b for kv in key.fields.items() for b in kv)
-    return b"\0".join(key.items)
 
 
 def driver(run: Any) -> Driver | None:

@@ -35,11 +35,8 @@ class AppRun:
         """The jobs of these ids: with an app, each carries its payload (JSON), else its number."""
         if self.payloads is None:
             return jobs_for(ids, token=self.token, workload=self.workload, pad=self.pad)
-        where = f"payloads {self.payloads.source or '(the job numbers)'}"
-        delay = self.workload.delay_of
-        return [
-            Job(wire(j, self.token), user.encoded(self.payloads.payload(int(j)), where), delay_s=delay(j)) for j in ids
-        ]
+        text, delay = self.payloads.text, self.workload.delay_of
+        return [Job(wire(j, self.token), text(int(j)), delay_s=delay(j)) for j in ids]
 
     def effects(self, ids: Sequence[str]) -> dict[str, Any] | None:
         """The check's answer for every enqueued job: how many checked, and each job whose effect does
