@@ -46,7 +46,7 @@ class CrashLoop:
         if not self.active:
             return False
         self.ledger.poll(worker)
-        return any(self.workload.crashes(ex.job) for ex in self.ledger.open_in(worker))
+        return any(self.crashes(jobids.code(ex.job)) for ex in self.ledger.open_in(worker))
 
     def starts(self) -> int:
         """Handler starts so far, a crash job's starts after its first left out."""
@@ -64,11 +64,13 @@ class CrashLoop:
 
     def busy(self, alive: Iterable[WorkerProcess]) -> bool:
         """Is a live worker inside a handler? Not inside a crash job whose process is gone."""
-        for w in alive:
-            for ex in self.ledger.open_in(w.name):
-                if not (self.active and self.workload.crashes(ex.job) and not _alive(ex.pid)):
-                    return True
-        return False
+        if not self.active:  # the drain's every tick: the ledger's last open execution of each, no more
+            return any(self.ledger.inside(w.name) for w in alive)
+        return any(
+            not (self.crashes(jobids.code(ex.job)) and not _alive(ex.pid))
+            for w in alive
+            for ex in self.ledger.open_in(w.name)
+        )
 
 
 def _alive(pid: int) -> bool:
