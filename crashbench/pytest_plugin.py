@@ -198,10 +198,7 @@ class CrashResult:
     @property
     def total_queue(self) -> TotalQueue:
         """The counts in Jepsen's total-queue terms, with its verdict (`valid`)."""
-        from crashbench.evidence.counts import total_queue
-
-        run = self.runs[0]
-        return run.total_queue if run.total_queue is not None else total_queue(run.counts)
+        return _total_queue(self.runs[0])
 
     @property
     def status(self) -> str:
@@ -213,12 +210,11 @@ class CrashResult:
         duplicate where the design promises exactly once) and no evidence check failed; its message
         gives the counts, some of the job ids and the HTML report's path."""
         __tracebackhide__ = True
-        from crashbench.evidence.counts import total_queue
         from crashbench.model.results import label
 
         lines = []
         for run in self.runs:
-            tq = run.total_queue if run.total_queue is not None else total_queue(run.counts)
+            tq = _total_queue(run)
             if not tq.valid:
                 lines.append(
                     f"{label(run)}: not a valid total queue: lost {tq.lost}, unexpected {tq.unexpected}, "
@@ -294,3 +290,10 @@ def got(t: ThresholdResult) -> str:
         return "-" if v is None else f"{number(v)} {t.unit}".rstrip()
 
     return f"got {shown(t.actual)}, bound {shown(t.expected)}" + (f"; {t.note}" if t.note else "")
+
+
+def _total_queue(run: DesignRun) -> TotalQueue:
+    """The run's total-queue verdict as its checkers gave it (counted again from a run saved without one)."""
+    from crashbench.evidence.counts import total_queue
+
+    return run.total_queue if run.total_queue is not None else total_queue(run.counts)
