@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 # arq pins redis-py < 6 and saq < 8: their workers run under their own interpreter (--worker-python), in this venv.
 ARQ_PY := $(VENV)/arq/bin/python
 ARQ_STAMP := $(VENV)/arq/.installed
+# arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
+WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
 .PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
@@ -60,7 +62,7 @@ bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the 
 
 scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exact expectations, then recounted from its timeline
 	set -e; for s in scenarios/*.toml; do \
-	  case $$s in *-worker-python.toml) wp="--worker-python $(ARQ_PY)";; *) wp="";; esac; \
+	  wp="$(WP_ARGS)"; \
 	  case $$s in *net-partition*) $(BIN)/python -c 'import sys; from crashbench.faults.netns import unavailable; \
 	    r = unavailable(); r and print("skipped", sys.argv[1] + ":", r); sys.exit(1 if r else 0)' $$s || continue;; esac; \
 	  case $$s in */cluster-*) wp="$$wp --cluster 3";; esac; \

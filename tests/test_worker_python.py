@@ -114,3 +114,47 @@ def test_arq_cancelling_a_job_its_handler_finishes_is_a_library_disagreement(sma
     assert c.done == c.executions == 3
     assert c.library_disagrees == 3 and run.jobs["library_disagrees"] == sorted(run.jobs["library_disagrees"])
     assert len(run.jobs["library_disagrees"]) == 3
+
+
+def test_an_interpreter_per_library_runs_only_that_library_s_workers(small: Scenario) -> None:
+    """--worker-python arq=PATH: arq's workers under PATH (arq is not importable here), the built-in
+    design's in crashbench's own environment, both in one compare on one fault schedule."""
+    sc = small.replace(jobs=60, kills=1, library={"arq:reliable": {"poll_delay": 0.02}})
+    python = arq_python()
+    result = run_designs(sc, ["reliable", "arq:reliable"], Options(library_pythons=(("arq", python),)))
+    assert [r.design for r in result.runs] == ["reliable", "arq:reliable"]
+    assert all(r.problems == [] and r.counts.done == r.counts.enqueued == 60 for r in result.runs)
+    env = result.environment
+    assert env.worker_python is None and env.library_pythons == {"arq": python}
+    # Only arq's version comes from that interpreter: not its Python's nor its redis-py's.
+    assert set(env.libraries) == {"arq"} and env.redis_py != env.libraries.get("redis")
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["/usr/bin/python3"], ("/usr/bin/python3", ())),
+        (["arq=/a/python", "saq=/b/python"], (None, (("arq", "/a/python"), ("saq", "/b/python")))),
+        (["/opt/x=y/python", "arq=/a/python"], ("/opt/x=y/python", (("arq", "/a/python"),))),  # a path with =
+        ([], (None, ())),
+    ],
+)
+def test_worker_python_values_read_as_one_interpreter_and_one_per_library(values: list[str], expected: object) -> None:
+    from crashbench.cli.common import worker_python_option
+
+    assert worker_python_option(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["/a/python", "/b/python"], "given twice"),
+        (["arq=/a/python", "arq=/b/python"], "arq=... given twice"),
+        (["bull=/a/python"], "'bull' is not a queue library"),
+    ],
+)
+def test_worker_python_values_that_cannot_be_meant_are_usage_errors(values: list[str], message: str) -> None:
+    from crashbench.cli.common import worker_python_option
+
+    with pytest.raises(UsageError, match=message):
+        worker_python_option(values)

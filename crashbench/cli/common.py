@@ -19,6 +19,7 @@ from crashbench import __version__, faults
 from crashbench import scenario as scenarios
 from crashbench.cli import gate as cli_gate
 from crashbench.cli.overrides import OVERRIDES
+from crashbench.designs import APP_LIBRARIES
 from crashbench.errors import CrashbenchError, Interrupted, UnexpectedError, UsageError
 from crashbench.faults.deploy import deploy_option
 from crashbench.model import thresholds
@@ -134,7 +135,7 @@ WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     SERVER,
     CLUSTER,
     CLUSTER_REPLICAS,
-    click.option("--worker-python", metavar="PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library."),
+    click.option("--worker-python", multiple=True, metavar="[LIB=]PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library. LIB=PATH: only that library's designs (e.g. arq=venv/bin/python), so one compare can hold them all. Repeatable."),
     click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
     OUT,
 ]  # fmt: skip
@@ -214,6 +215,28 @@ def prepare(opts: dict[str, Any], baseline: Result | None) -> tuple[Threshold, .
     return given
 
 
+def worker_python_option(values: Sequence[str]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """--worker-python's values: (the interpreter of every design, or None; (library, interpreter) pairs)."""
+    plain: list[str] = []
+    pairs: dict[str, str] = {}
+    for value in values:
+        library, sep, path = value.partition("=")
+        if sep and library in APP_LIBRARIES and path:
+            if library in pairs:
+                raise UsageError(f"--worker-python {library}=... given twice")
+            pairs[library] = path
+        elif sep and "/" not in library and library.isidentifier():
+            raise UsageError(
+                f"--worker-python {value}: {library!r} is not a queue library",
+                hint=f"LIB=PATH names one of {', '.join(APP_LIBRARIES)}",
+            )
+        else:
+            plain.append(value)
+    if len(plain) > 1:
+        raise UsageError("--worker-python PATH given twice: one interpreter for every design, or LIB=PATH each")
+    return (plain[0] if plain else None), tuple(pairs.items())
+
+
 def cluster_option(opts: dict[str, Any]) -> tuple[int, int] | None:
     """(primaries, replicas per primary) of --cluster / --cluster-replicas, or None without --cluster."""
     replicas = opts.get("cluster_replicas")
@@ -277,9 +300,11 @@ def execute(
         err.print(Text(f"warning: {text}", style="yellow"), soft_wrap=True)
 
     stop = StopFlag()
+    worker_python, library_pythons = worker_python_option(opts["worker_python"])
     options = Options(
-        opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, opts["worker_python"],
-        repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline, cluster=cluster_option(opts),
+        opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, worker_python,
+        library_pythons=library_pythons, repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
+        cluster=cluster_option(opts),
     )  # fmt: skip
     with stop.installed():
         if live is not None:

@@ -205,6 +205,7 @@ class Environment:
     dirty: bool | None
     libraries: dict[str, str] = field(default_factory=dict)  # queue library -> version, where workers import it
     worker_python: str | None = None  # --worker-python, whose versions `libraries` then gives (and "python")
+    library_pythons: dict[str, str] = field(default_factory=dict)  # --worker-python LIB=PATH: that library's
     server_primaries: int = 0  # a cluster's primaries serving slots and its replicas in all; 0 for one server
     server_replicas: int = 0
     server_url: str | None = None  # where the run's clients connected, its password masked

@@ -143,9 +143,11 @@ def scenario(sc: dict[str, Any]) -> str:
 def environment(result: Result) -> str:
     env = dataclasses.asdict(result.environment)
     libraries = env.pop("libraries", {}) or {}
+    pythons = env.pop("library_pythons", {}) or {}
     for key in ("server_binary", "worker_python"):  # the program's name, not where it sat on that machine
         if env.get(key):
             env[key] = Path(env[key]).name
     items = [(k.replace("_", " "), v) for k, v in env.items()]
     items += [(f"library {k}", v) for k, v in libraries.items()]
+    items += [(f"worker python for {k}", Path(v).name) for k, v in pythons.items()]
     return _dl("Environment", items)

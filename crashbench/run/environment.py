@@ -26,7 +26,10 @@ def _git(*args: str) -> str | None:
     return cp.stdout.strip() if cp.returncode == 0 else None
 
 
-def environment(server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None) -> Environment:
+def environment(
+    server: ServerInfo, libraries: dict[str, str], worker_python: str | None = None,
+    library_pythons: dict[str, str] | None = None,
+) -> Environment:  # fmt: skip
     """Versions of everything that shaped the figures; the commit is crashbench's own checkout, if any."""
     commit = _git("rev-parse", "HEAD")
     # Saved results are not code: a make target that clears its result directory first, then measures,
@@ -55,4 +58,5 @@ def environment(server: ServerInfo, libraries: dict[str, str], worker_python: st
         dirty=bool(status) if status is not None else None,
         libraries=libraries,
         worker_python=worker_python,
+        library_pythons=library_pythons or {},
     )

@@ -54,6 +54,13 @@ class Options:
     thresholds: tuple[Threshold, ...] = ()  # the command line's, besides the scenario's [expect.*]
     baseline: Result | None = None  # what relative thresholds compare with
     cluster: tuple[int, int] | None = None  # an embedded cluster: (primaries, replicas per primary)
+    # library -> interpreter: that library's designs' workers only (arq's and saq's, which need redis-py < 8),
+    # so one compare can hold every library; the rest run as worker_python says
+    library_pythons: tuple[tuple[str, str], ...] = ()
+
+    def python_for(self, library: str | None) -> str | None:
+        """The interpreter a design of `library` runs its workers under (None: crashbench's own)."""
+        return dict(self.library_pythons).get(library or "") or self.worker_python
 
 
 def run_designs(scenario: Scenario, designs: Sequence[str], options: Options = Options(), kind: str = "run") -> Result:
@@ -124,11 +131,12 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
             )
         if cls.library and cls.library not in libraries:
             libraries.append(cls.library)
-            if not options.worker_python and importlib.util.find_spec(cls.library) is None:
+            if not options.python_for(cls.library) and importlib.util.find_spec(cls.library) is None:
                 raise UsageError(
                     f"{spec} needs {cls.library}, which is not installed in crashbench's environment",
-                    hint=f"give --worker-python PATH, an interpreter that has {cls.library} and redis-py "
-                    f"(python -m venv ENV && ENV/bin/pip install {cls.library}; --worker-python ENV/bin/python)",
+                    hint=f"give --worker-python {cls.library}=PATH, an interpreter that has {cls.library} and "
+                    f"redis-py (python -m venv ENV && ENV/bin/pip install {cls.library}; "
+                    f"--worker-python {cls.library}=ENV/bin/python)",
                 )
     return libraries
 
@@ -192,15 +200,24 @@ def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
 
 def _run_checked(base: Scenario, plan: Plan, options: Options, kind: str, libraries: list[str]) -> Result:
     with contextlib.ExitStack() as cleanup:
-        worker_python = None
-        if options.worker_python:
-            path_dir = workdirs.make("python")
-            cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
-            worker_python = WorkerPython(options.worker_python, path_dir)
-            versions = worker_python.check(libraries)
-        else:
-            versions = {lib: metadata.version(lib) for lib in libraries}
-        return _run_on_server(base, plan, options, kind, worker_python, versions)
+        pythons: dict[str, WorkerPython] = {}  # by path: one link directory and one check per interpreter
+        serves: dict[str, list[str]] = {}  # path -> the libraries its workers import
+        for library in [None, *libraries]:
+            path = options.python_for(library)
+            if path is not None and path not in pythons:
+                path_dir = workdirs.make("python")
+                cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
+                pythons[path] = WorkerPython(path, path_dir)
+            if path is not None and library is not None:
+                serves.setdefault(path, []).append(library)
+        local = [lib for lib in libraries if options.python_for(lib) is None]
+        versions = {lib: metadata.version(lib) for lib in local}
+        for path, python in pythons.items():
+            checked = python.check(serves.get(path, []))
+            # Under a plain --worker-python its versions are the run's (Python's and redis-py's too);
+            # under LIB=PATH, only the library's.
+            versions |= checked if path == options.worker_python else {k: checked[k] for k in serves.get(path, [])}
+        return _run_on_server(base, plan, options, kind, pythons, versions)
 
 
 def _run_on_server(
@@ -208,7 +225,7 @@ def _run_on_server(
     plan: Plan,
     options: Options,
     kind: str,
-    worker_python: WorkerPython | None,
+    pythons: dict[str, WorkerPython],
     versions: dict[str, str],
 ) -> Result:
     run_id = secrets.token_hex(4)
@@ -218,8 +235,8 @@ def _run_on_server(
     with open_server(*server_args) as (server, embedded_cluster):
         if server.cluster:  # an external one is known for one only now
             _check_cluster(plan)
-        if worker_python is not None:  # an exec'd worker gets the URL in its environment, never argv
-            worker_python.redis_url = server.url
+        for python in pythons.values():  # an exec'd worker gets the URL in its environment, never argv
+            python.redis_url = server.url
         runs = []
         hooks = RunHooks(options.progress, options.stop, options.warn, keep_dir=options.keep)
         try:
@@ -240,7 +257,8 @@ def _run_on_server(
                             external=server.external and broker is None,
                         )  # fmt: skip
                         sc = with_overrides(scenario, seed=scenario.faults.seed + repeat)
-                        runs.append(CrashRun(sc, target, hooks, worker_python, broker).execute())
+                        python = options.python_for(load_design(spec).library)
+                        runs.append(CrashRun(sc, target, hooks, python and pythons[python], broker).execute())
         except redis.ConnectionError as exc:
             why = redact_text(str(exc), server.url)
             raise ServerUnavailable(f"lost the server at {server.shown_url}: {why}") from None
@@ -249,7 +267,7 @@ def _run_on_server(
                 # If the server is gone there is nothing left to clean on it.
                 with contextlib.suppress(redis.RedisError):
                     cleanup_keys(server.url, f"crashbench:{{{run_id}}}:")
-        env = environment(server, versions, options.worker_python)
+        env = environment(server, versions, options.worker_python, dict(options.library_pythons))
     return evaluate(
         Result(
             id=new_id(run_id), kind=kind, created=now_iso(), scenario=base.to_dict(), fingerprint=base.fingerprint(),
