@@ -121,3 +121,23 @@ def test_worker_kills_and_a_broker_kill_overlap_in_one_schedule(backlog: Scenari
     # Enqueues the down server refused (a loaded machine's producer meets the outage) are unconfirmed.
     assert c.lost == c.held_at_fault > 0 and c.done + c.lost + c.unconfirmed == 600
     assert c.unconfirmed == c.indeterminate - c.recovered and c.stranded == 0
+
+
+def test_a_failover_that_keeps_the_address_is_followed_by_a_library_s_workers(backlog: Scenario) -> None:
+    """failover_address "kept": the promoted replica takes the primary's port, and RQ's workers, which never
+    re-read an address, reconnect to it and run what is enqueued after the failover; told the replica's new
+    address instead ("new"), they could not, and the run is refused before it starts."""
+    sc = backlog.replace(jobs=200, fault="failover", fault_at=0.8, produce_s=1.6, drain_timeout=8)
+    with pytest.raises(UsageError, match="cannot follow a failover") as err:
+        run_designs(sc, ["rq:reliable"], Options())
+    assert 'failover_address = "kept"' in (err.value.hint or "")
+    run = run_designs(sc.replace(failover_address="kept"), ["rq:reliable"], Options()).runs[0]
+    bf, tl = run.broker_fault, run.timeline
+    assert bf is not None and bf.kind == "failover" and bf.acknowledged_before < 200 and tl is not None
+    # Jobs enqueued after the failover (the producer goes on to 1.6 s) reached the promoted replica only,
+    # and the ledger shows the library's workers running them: they found it at the old address.
+    after = [ex for ex in tl.executions if ex.start > bf.at and ex.completed]
+    assert len(after) > 0
+    # What is lost is only what the primary held as it died (the tail replication had not sent yet): every
+    # job enqueued after the failover was done at the address the workers were started with.
+    assert bf.held_at_fault <= len(bf.held_ids) and set(run.jobs["lost"]) <= set(bf.held_ids)

@@ -6,7 +6,9 @@
               point everyone at it (the runner re-creates its client; workers re-read the address
               file on their next connection error). With `replica_lag` the replica stops following
               the primary that long before, so what the primary acknowledged meanwhile never reaches
-              it (asynchronous replication, behind a partition).
+              it (asynchronous replication, behind a partition). With failover_address "kept" the
+              promoted replica takes over the primary's port instead (a managed endpoint, a virtual
+              IP): clients that never re-read an address (a library's workers) reconnect to it.
 
 With a broker fault the producer (crashbench.run.producer) enqueues during the run, so some enqueues
 meet the fault. Workers, producer and runner ride out the downtime by retrying their connection
@@ -33,10 +35,13 @@ from crashbench.faults.family import Producer
 class Broker:
     """The embedded server(s) of one crash run, which the run may kill, restart or fail over."""
 
-    def __init__(self, primary: EmbeddedServer, replica: EmbeddedServer | None, url_file: Path) -> None:
+    def __init__(
+        self, primary: EmbeddedServer, replica: EmbeddedServer | None, url_file: Path, keep_address: bool = False
+    ) -> None:
         self.primary = primary
         self.replica = replica
         self.url_file = url_file
+        self.keep_address = keep_address  # failover_address "kept"
         self.url_file.write_text(primary.url)
 
     @property
@@ -77,10 +82,15 @@ class Broker:
         self.sync_replica()
 
     def failover(self) -> None:
-        """Kill the primary and promote the replica; the address file then names the replica."""
+        """Kill the primary and promote the replica; the address file then names the replica. With
+        keep_address the replica first moves to the primary's port (CONFIG SET port, Redis 7's live
+        rebind; the dead primary freed it): a client reconnecting to the old address reaches it."""
         assert self.replica is not None
         self.primary.kill()
         self._promote(self.replica)
+        if self.keep_address:
+            _command(self.replica.url, "CONFIG", "SET", "port", self.primary.port)
+            self.replica.port = self.primary.port
         self.primary, self.replica = self.replica, None
         self.url_file.write_text(self.primary.url)
 
@@ -143,7 +153,7 @@ def wait_back(url: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def broker_servers(fault: str, persistence: str, binary: str | None) -> Iterator[Broker]:
+def broker_servers(fault: str, persistence: str, binary: str | None, keep_address: bool = False) -> Iterator[Broker]:
     """A private server with the scenario's persistence for one crash run (and a replica for a
     failover, in sync before the run starts); everything stopped and removed on exit."""
     path = find_server_binary(binary)
@@ -159,7 +169,7 @@ def broker_servers(fault: str, persistence: str, binary: str | None) -> Iterator
             servers.append(replica)
             replica.start()
             _wait_in_sync(replica.url)
-        yield Broker(primary, replica, home / "server.url")
+        yield Broker(primary, replica, home / "server.url", keep_address)
     finally:
         for server in servers:
             server.stop()

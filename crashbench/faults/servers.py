@@ -18,7 +18,8 @@ from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
 
-KEYS = ("kind", "at", "downtime")
+CLUSTER_KEYS = ("kind", "at", "downtime")
+KEYS = (*CLUSTER_KEYS, "address")  # address: a failover's failover_address
 CLUSTER_KINDS = (
     "cluster-kill", "cluster-failover", "cluster-failover-force", "cluster-takeover", "cluster-partition",
 )  # fmt: skip
@@ -27,7 +28,8 @@ WITH_DOWNTIME = ("broker-kill", "cluster-kill", "cluster-partition")
 
 def fields(entry: Entry) -> dict[str, Any]:
     """An entry's [broker] section: its fault, and its `at` and `downtime` where it gives them."""
-    named = {field: entry[key] for key, field in (("at", "fault_at"), ("downtime", "downtime")) if key in entry}
+    names = (("at", "fault_at"), ("downtime", "downtime"), ("address", "failover_address"))
+    named = {field: entry[key] for key, field in names if key in entry}
     return {"fault": entry["kind"], **named}  # the [broker] fault is named by its kind
 
 
@@ -122,7 +124,7 @@ CLUSTER = FaultFamily(
     name="cluster",
     summary="the run's shard of crashbench's own cluster: kill its primary, fail it over, cut it off",
     kinds=CLUSTER_KINDS,
-    keys=KEYS,
+    keys=CLUSTER_KEYS,
     section=_section(CLUSTER_KINDS),
     checkers=(_broker,),
     bands=_bands(CLUSTER_KINDS),

@@ -87,6 +87,10 @@ class BrokerSpec:
     wait_replicas: int = 0  # after each enqueue, WAIT for this many replicas (reliable design; failover)
     wait_ms: int = 100  # ... at most this long; an enqueue not replicated in time is indeterminate
     replica_lag: float = 0.0  # failover: the replica stops following the primary (at least) this long before it dies
+    # failover: "new": clients are told the replica's address (crashbench's own workers re-read it; a library's
+    # do not); "kept": the promoted replica takes over the primary's address, as a managed endpoint or a virtual
+    # IP does, so every client finds it by reconnecting to the address it had
+    failover_address: str = "new"
     # eviction (crashbench.faults.eviction): at fault_at, CONFIG SET maxmemory and maxmemory-policy for limit_s
     maxmemory: int | str = "used+1mb"  # bytes, "64mb", or "used+2mb": the server's used_memory then, plus a margin
     maxmemory_policy: str = "allkeys-lru"  # Redis's maxmemory-policy while the limit holds

@@ -139,7 +139,8 @@ class Scenario:
                  ("crash_rate", 0.0), ("crash_how", "sigkill"), ("job_work", "sleep"), ("delay_s", 0.0),
                  ("delay_share", 1.0),
                  ("payload_bytes", 0), ("maxmemory", "used+1mb"), ("maxmemory_policy", "allkeys-lru"),
-                 ("fill", "neighbour"), ("neighbour_ttl", 0.0), ("limit_s", 1.0))  # fmt: skip
+                 ("fill", "neighbour"), ("neighbour_ttl", 0.0), ("limit_s", 1.0),
+                 ("failover_address", "new"))  # fmt: skip
         for key, default in (*later, *((name, "") for name in flat(AppSpec()))):
             if data[key] == default:
                 data.pop(key)

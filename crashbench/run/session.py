@@ -124,6 +124,12 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
+        if broker.fault == "failover" and cls.own_worker and broker.failover_address == "new":
+            raise UsageError(
+                f"{spec}'s workers connect to the address they were started with: they cannot follow a failover "
+                "to the replica's address",
+                hint='set failover_address = "kept" in [broker]: the promoted replica takes the primary\'s address',
+            )
         if options.redis_url and not cls.namespaced:
             raise UsageError(
                 f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
@@ -249,8 +255,8 @@ def _run_on_server(
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
-                            persistence = scenario.broker.persistence
-                            broker = own.enter_context(broker_servers(fault, persistence, options.server_binary))
+                            persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"
+                            broker = own.enter_context(broker_servers(fault, persistence, options.server_binary, kept))
                             url = broker.url
                         target = RunTarget(
                             spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
