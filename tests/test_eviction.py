@@ -138,3 +138,24 @@ def test_the_gate_fails_a_design_that_loses_jobs_to_eviction() -> None:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "lost_to_eviction == 0" in proc.stdout and "✗" in proc.stdout
+
+
+def test_rq_s_evicted_ids_and_orphaned_job_hashes_are_counted_not_taken_for_a_contradiction(
+    evicted: list[str],
+) -> None:
+    """RQ keeps a job's id in its lists and its body in a hash (rq:job:<Q>-<id>): eviction takes either
+    alone. An id whose hash went is nothing RQ can run (lost, to eviction); a hash whose list went is held
+    by nothing (held at "hash-only"). Both by the ledger and the server's own notifications, read here too;
+    the harness's search, which finds those ids in the keys, raises no contradiction (job_of_disagrees)."""
+    sc = load("eviction-allkeys-lru").replace(jobs=600, drain_timeout=5)
+    (run,) = run_designs(sc, ["rq"], Options()).runs
+    c = run.counts
+    assert not run.problems, run.problems
+    mine = [k for k in evicted if not k.startswith(NEIGHBOUR)]
+    assert mine and any(k.startswith("rq:job:") for k in mine)
+    started = {ex.job for ex in run.timeline.executions}
+    never = {j for e in run.timeline.enqueues if e.ok for j in e.ids} - started
+    # Lost: never started, and each one's hash or list was evicted (the test's own subscription says).
+    assert c.lost == len(never) == c.lost_to_eviction > 0
+    assert all(any(k.startswith("rq:") and (j in k or ":queue:" in k) for k in mine) for j in run.jobs["lost"])
+    assert c.stranded == len(run.timeline.located.held) and c.unexpected == 0

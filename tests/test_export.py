@@ -449,3 +449,30 @@ def test_the_table_names_library_settings_warnings_disagreements_and_an_undraine
     # The words say the table's numbers (stranded 0, undrained 5), never "stranded" for an undrained backlog.
     assert "rq: the queue made no progress for 30 s (the window) with jobs still in it: 0 stranded, 5 undrained" in text
     assert "arq:reliable: the queue made no progress" not in text  # a cut-off drain is still progressing
+
+
+def test_a_fault_family_s_counts_are_rows_of_both_tables_when_some_run_has_them() -> None:
+    """Each family's rows (FaultFamily.rows) follow the core's in the terminal and the HTML tables, shown
+    only when some run's count is not zero; a lost one is an alarm. (Before, a rollout's or an eviction's
+    counts were in the result and the checks, and in neither table.)"""
+    from rich.console import Console
+
+    from crashbench.faults import registry
+    from crashbench.report import tables
+    from crashbench.report.render import result_table
+
+    def whole(runs: list[DesignRun]) -> Result:
+        return dataclasses.replace(result(runs, []), scenario={**SCENARIO, "kill_when": "mid-job"})
+
+    plain, hit = run("naive"), run("reliable")
+    hit.counts.rollouts, hit.counts.deploy_lost, hit.counts.lost_to_eviction = 1, 2, 3
+    labels = {key: label for family in registry.FAMILIES for label, key, _ in family.rows}
+    assert {"rollouts", "deploy_lost", "lost_to_eviction", "evicted_keys"} <= labels.keys()
+    for runs, expected in (([plain], set()), ([plain, hit], {"rollouts", "deploy_lost", "lost_to_eviction"})):
+        console = Console(width=200, record=True)
+        console.print(result_table(whole(runs), plain=True))
+        text, page = console.export_text(), tables.counts(whole(runs))
+        for key, label in labels.items():
+            assert (f"| {label} " in text) == (key in expected), (key, text)
+            assert (f'data-count="{key}"' in page) == (key in expected), key
+    assert 'class="alarm" data-run="1" data-count="deploy_lost"' in tables.counts(whole([plain, hit]))

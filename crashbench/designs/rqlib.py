@@ -223,12 +223,28 @@ class RQQueue(LibraryDesign):
         return int(self.raw.llen(self.queue.key) + intermediate + len(running) + self.raw.zcard(scheduled))
 
     def state(self) -> QueueState:
-        held = dict.fromkeys(self._ids(self.queue.key, "list"), "queue")
-        held |= dict.fromkeys(self._ids(self.queue.intermediate_queue_key, "list"), "intermediate")
-        held |= dict.fromkeys(self._ids(ScheduledJobRegistry(queue=self.queue).key, "zset"), "scheduled")
-        held |= dict.fromkeys(self._ids(StartedJobRegistry(queue=self.queue).key, "zset"), "started")
+        # As locate reads it: an id whose job hash is gone is nothing RQ can run, a hash no list or
+        # registry names is held at "hash-only" (unless it records the job ended).
+        bodies = self._hashes()
+        held: dict[str, str] = {}
+        for key, kind, where in (
+            (self.queue.key, "list", "queue"), (self.queue.intermediate_queue_key, "list", "intermediate"),
+            (ScheduledJobRegistry(queue=self.queue).key, "zset", "scheduled"),
+            (StartedJobRegistry(queue=self.queue).key, "zset", "started"),
+        ):  # fmt: skip
+            held |= {j: where for j in self._ids(key, kind) if j in bodies}
         failed = set(self._ids(FailedJobRegistry(queue=self.queue).key, "zset"))
+        ended = failed | set(self._ids(FinishedJobRegistry(queue=self.queue).key, "zset"))
+        for job, key in bodies.items():
+            if job not in held and job not in ended and self.raw.hget(key, "status") not in (b"finished", b"failed"):
+                held[job] = "hash-only"
         return QueueState(held=held, failed=failed)
+
+    def _hashes(self) -> dict[str, bytes]:
+        """This queue's job hashes (rq:job:<Q>-<id>, not their rq:job:<Q>-<id>:<suffix> companions), by job."""
+        head = RQJob.key_for(f"{self.qname}-").encode()
+        names = self.raw.scan_iter(match=head + b"*", count=1000)
+        return {self._job_id(n.decode()[len("rq:job:") :]): n for n in names if b":" not in n[len(head) :]}
 
     def key_patterns(self) -> list[str]:
         # Q has no ":" and ends in this run's index and design, so no other run's key matches: the
@@ -285,7 +301,35 @@ class RQQueue(LibraryDesign):
         for member in finished.items if finished is not None else ():
             if (rq_id := self._rq_member(member)) is not None:
                 found.add(self._job_id(rq_id), "finished", "succeeded")
+        self._void(found, snapshot)
+        self._hash_only(found, snapshot)
         return found
+
+    def _void(self, found: Located, snapshot: Snapshot) -> None:
+        """Ids a list or registry still names whose job hash is gone (evicted, expired): RQ skips them,
+        nothing can run them again; they count as lost, and the harness's search knows why."""
+        for key in (self.queue.key, self.queue.intermediate_queue_key, StartedJobRegistry(queue=self.queue).key,
+                    ScheduledJobRegistry(queue=self.queue).key):  # fmt: skip
+            stored = snapshot.keys.get(key)
+            for member in stored.items if stored is not None else ():
+                rq_id = self._rq_member(member)
+                if rq_id is not None and self._member_job(member, snapshot) is None:
+                    found.add(self._job_id(rq_id), key, "void")
+
+    def _hash_only(self, found: Located, snapshot: Snapshot) -> None:
+        """A job hash no list or registry names (an eviction took the list, say): RQ never runs it, and
+        no maintenance pass looks for it. Held at "hash-only", as Dramatiq's message body alone is
+        ("msgs-only"), unless the hash itself records the job finished or failed."""
+        placed = found.held.keys() | found.dead.keys() | found.failed | found.succeeded
+        head = RQJob.key_for(f"{self.qname}-")
+        for name, key in snapshot.keys.items():
+            if not name.startswith(head) or key.type != "hash" or ":" in name[len(head) :]:
+                continue
+            job = self._job_id(name.removeprefix(RQJob.key_for("")))
+            if job in placed:
+                continue
+            status = key.fields.get(b"status", b"").decode(errors="replace")
+            found.add(job, "hash-only", {"finished": "succeeded", "failed": "failed"}.get(status, "held"))
 
 
 class RQReliable(RQQueue):

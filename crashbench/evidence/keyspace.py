@@ -213,7 +213,7 @@ def reconcile(
     reads its keys entry by entry through `job_of` (the default `locate`), so each job it places must be
     carried by as many entries of its declared keys as it places it in."""
     problems: list[Problem] = []
-    accounted = located.held.keys() | located.dead.keys() | located.failed | located.succeeded
+    accounted = located.held.keys() | located.dead.keys() | located.failed | located.succeeded | located.void
     by_cls: dict[str, dict[str, set[str]]] = {}
     for job, places in found.jobs.items():
         if job in accounted or done(job):

@@ -249,6 +249,12 @@ def marks(tl: Timeline) -> list[Mark]:
 CSS = """.band.deploy rect{fill:#fdd0a2;fill-opacity:.4;stroke:#e6550d}.band.deploy.killed rect{fill:#fc9272}
 .band-label.deploy{fill:#a63603}.fault.deploy-kill line,.fault.deploy-kill path{stroke:#b00020}"""
 
+ROWS = (
+    ("rollouts", "rollouts", False), ("  workers stopped", "deploy_stops", False),
+    ("    exited within the grace", "deploy_graceful", False), ("    SIGKILLed at its end", "deploy_killed", False),
+    ("  jobs interrupted", "deploy_interrupted", False), ("  lost", "deploy_lost", True),
+)  # fmt: skip
+
 FAMILY = FaultFamily(
     name="deploy",
     summary="a rolling restart: SIGTERM each worker in turn, SIGKILL at the grace's end, its replacement started",
@@ -262,4 +268,5 @@ FAMILY = FaultFamily(
     marks=marks,
     bands=bands,
     css=CSS,
+    rows=ROWS,
 )

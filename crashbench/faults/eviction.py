@@ -293,4 +293,10 @@ FAMILY = FaultFamily(
     checkers=(_eviction,),
     bands=bands,
     css=".band.eviction rect{fill:#e8c3f0}",
+    rows=(
+        ("keys evicted", "evicted_keys", False),
+        ("  the neighbour's", "evicted_neighbour", False),
+        ("lost to eviction", "lost_to_eviction", True),
+        ("writes refused (OOM)", "oom_refused", False),
+    ),
 )

@@ -164,6 +164,9 @@ class FaultFamily:
     marks: Callable[[Timeline], list[Mark]] = no_marks
     bands: Callable[[Timeline], list[Band]] = no_bands
     css: str = ""
+    # Its counts' rows in the report's tables (label, count, an alarm when not zero), after the core's, each
+    # shown when some run's count is not zero; a leading "  " breaks down the row above.
+    rows: tuple[tuple[str, str, bool], ...] = ()
 
     def owns(self, entry: Entry) -> bool:
         return entry.get("kind", DEFAULT_KIND) in self.kinds

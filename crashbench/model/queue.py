@@ -162,12 +162,18 @@ class Located:
     # Held when the harness read Redis before stopping the workers, found nowhere after and never
     # completed: counted where they were held before (`carry`); the stop's doing, not the queue's.
     stopped: set[str] = field(default_factory=set)
+    # Named by an entry whose job body is gone (an RQ id whose job hash was evicted): nothing can run
+    # them, so they are held nowhere (lost, unless done); the harness's search, which finds the id in
+    # the entry, takes them as accounted for. Read once, at the final reading; not in the timeline.
+    void: set[str] = field(default_factory=set)
 
     def add(self, job: str, where: str, kind: str = "held") -> None:
-        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed" or "succeeded". The
-        id as the queue stores it: the run's token is stripped here (crashbench.jobids)."""
+        """kind: "held", "delayed" (held, waiting for its due time), "dead", "failed", "succeeded" or
+        "void". The id as the queue stores it: the run's token is stripped here (crashbench.jobids)."""
         job = canonical(job)
-        if kind == "dead":
+        if kind == "void":
+            self.void.add(job)
+        elif kind == "dead":
             self.dead.setdefault(job, []).append(where)
         elif kind == "failed":
             self.failed.add(job)

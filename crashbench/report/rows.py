@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from crashbench.faults import registry
 from crashbench.model.results import DesignRun, ThresholdResult, number
 
 # (label, count field) in display order; outcome classes first, then events.
@@ -48,18 +49,25 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("  effect missing", "effect_missing"),
     ("  effect duplicated", "effect_duplicated"),
     ("  disagrees with the ledger", "effect_disagrees"),
+    ("jobs that crash their worker", "crash_jobs"),
+    ("  attempts", "crash_attempts"),
+    ("  still crashing at the end", "crash_looping"),
+    # each fault family's own (crashbench.faults.family.FaultFamily.rows)
+    *((label, key) for family in registry.FAMILIES for label, key, _ in family.rows),
 )
 ALARM = {
     "lost", "stranded", "failed", "duplicated", "extra_executions", "unexpected", "early_retries", "acks_lost",
     "undrained", "worker_crashes", "library_disagrees", "stuck_workers", "effect_missing", "effect_duplicated",
-    "effect_disagrees", "early_starts",
+    "effect_disagrees", "early_starts", "crash_looping",
+    *(key for family in registry.FAMILIES for _, key, alarm in family.rows if alarm),
 }  # fmt: skip
 # Shown only when some run has a non-zero value: a plain crash test keeps a short table.
 OPTIONAL = {
     "unconfirmed", "indeterminate", "recovered", "acks_lost", "held_at_fault", "acked_during_lag", "not_replicated",
     "failed", "dead_lettered_poison", "duplicated_overlapping", "duplicated_sequential", "failed_attempts", "retried",
     "early_retries", "undrained", "worker_crashes", "unrecovered", "library_disagrees", "stuck_workers", "empty_acks",
-    "trimmed", "trimmed_unread", "trimmed_pending", "consumers", "early_starts",
+    "trimmed", "trimmed_unread", "trimmed_pending", "consumers", "early_starts", "crash_jobs", "crash_attempts",
+    "crash_looping", *(key for family in registry.FAMILIES for _, key, _ in family.rows),
 }  # fmt: skip
 # Shown whenever some run had the user's check ([app] check), zero or not: "no duplicate effect" is its answer.
 WITH_CHECK = {"effect_checked", "effect_missing", "effect_duplicated", "effect_disagrees"}
