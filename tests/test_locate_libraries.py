@@ -108,7 +108,19 @@ def test_rq_holds_a_job_only_while_its_job_hash_exists(client: redis.Redis, raw:
     assert found.delayed == {"000004"}
     assert found.failed == {"000005"}
     assert d.backlog() == 5  # the queue's own count still includes 000001 (and its started entry)
-    assert "000001" in d.state().held  # the design's own report still lists it: the harness's reading differs
+    # 000001's entries name a job RQ can no longer run: void (lost unless done), which the harness's search,
+    # finding the id in them, takes as accounted for; the design's own report reads it the same way.
+    assert found.void == {"000001"}
+    assert d.state().held == {"000002": "intermediate", "000003": "started", "000004": "scheduled"}
+
+    # 000003's registry entry gone (an eviction of rq:wip), its hash kept: held by nothing but the hash.
+    raw.zrem(f"rq:wip:{q}", f"{rq('000003')}:execution-1")
+    found = _locate(d, raw)
+    assert found.held["000003"] == ["hash-only"] and d.state().held["000003"] == "hash-only"
+    # A hash that records its job finished is RQ's record of a success, held by nothing.
+    raw.hset(f"rq:job:{rq('000003')}", "status", "finished")
+    found = _locate(d, raw)
+    assert "000003" not in found.held and "000003" in found.succeeded and "000003" not in d.state().held
 
 
 @installed("rq")
