@@ -476,3 +476,20 @@ def test_a_fault_family_s_counts_are_rows_of_both_tables_when_some_run_has_them(
             assert (f"| {label} " in text) == (key in expected), (key, text)
             assert (f'data-count="{key}"' in page) == (key in expected), key
     assert 'class="alarm" data-run="1" data-count="deploy_lost"' in tables.counts(whole([plain, hit]))
+
+
+def test_dozens_of_workers_that_ended_on_their_own_are_named_five_then_counted() -> None:
+    """RQ's workers exit whenever the server is down (a broker kill: ~60 of them); the table names five
+    and counts the rest by how they ended, instead of one line each."""
+    from rich.console import Console
+
+    from crashbench.model.faults import WorkerExit
+    from crashbench.report.render import result_table
+
+    r = run("rq")
+    r.worker_exits = [WorkerExit(f"w{i}", "exit code 1" if i % 3 else "signal SIGSEGV", "") for i in range(12)]
+    console = Console(width=200, record=True)
+    console.print(result_table(dataclasses.replace(result([r], []), scenario={**SCENARIO, "kill_when": "any"})))
+    text = console.export_text()
+    assert [f"w{i}" for i in range(12) if f"worker w{i} ended" in text] == ["w0", "w1", "w2", "w3", "w4"]
+    assert "7 more workers ended on their own (5 exit code 1, 2 signal SIGSEGV; all in the JSON)" in text

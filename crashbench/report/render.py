@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 from rich import box
@@ -21,6 +22,7 @@ from crashbench.report.rows import ALARM, ROWS, effect_note, threshold_detail
 from crashbench.run.progress import Progress
 
 IDS_SHOWN = 10  # per problem in the table; stderr and the JUnit report list them all
+EXITS_SHOWN = 5  # workers that ended on their own, named one line each; the rest counted by how they ended
 
 
 def _recovery(ms: float) -> str:
@@ -178,8 +180,14 @@ def result_table(result: Result, plain: bool = False) -> Group:
         if run.consumers:
             shown = ", ".join(f"{c.name} ({c.pending} pending, idle {c.idle_ms / 1000:.1f} s)" for c in run.consumers)
             parts.append(Text(f"{name}: consumers left in the group: {shown}", style="dim"))
-        for w in run.worker_exits:
+        for w in run.worker_exits[:EXITS_SHOWN]:
             parts.append(Text(f"! {name}: worker {w.worker} ended on its own ({w.how})", style="yellow"))
+        if len(run.worker_exits) > EXITS_SHOWN:  # a library whose workers exit while the server is down: dozens
+            more = run.worker_exits[EXITS_SHOWN:]
+            hows = Counter(w.how for w in more)
+            why = ", ".join(f"{n} {how}" for how, n in hows.most_common())
+            parts.append(Text(f"! {name}: {len(more)} more workers ended on their own ({why}; all in the JSON)",
+                              style="yellow"))  # fmt: skip
         if run.workdir:
             # A path to copy: never wrapped or cut (the caller prints with crop=False).
             line = f"{name}: ledgers and worker logs kept in {run.workdir}"
