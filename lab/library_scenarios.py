@@ -4,7 +4,7 @@ the result files `make library-scenarios` writes, each figure over the seeds (th
 they differ).
 
     python lab/library_scenarios.py run OUT --worker-python PATH [--lanes 2] [--only SCENARIO,...] [--designs D,...]
-    python lab/library_scenarios.py OUT
+    python lab/library_scenarios.py OUT      (both tables: the worker signals', the server faults')
 
 `run` runs every library design of each scenario (its [run] designs, less the built-in ones), 2 seeds,
 a 20 s window, one `crashbench run` per scenario and design (OUT/<scenario>--<design>.json), `lanes` at
@@ -57,20 +57,27 @@ def _spread(values: list[int]) -> str:
     return f"{low}" if low == high else f"{low}-{high}"
 
 
-def table(directory: Path) -> str:
-    rows: dict[tuple[str, str], list[DesignRun]] = {}
+# Two tables: the worker-signal scenarios, and the server's faults, each with the counts that tell them apart.
+TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "signals": (SCENARIOS[:2], (*COUNTS, "kills_mid_job")),
+    "broker": (SCENARIOS[2:], ("done", "lost", "stranded", "duplicated", "redelivered", "held_at_fault",
+                               "acked_during_lag", "acks_lost", "indeterminate", "worker_crashes", "kills_mid_job")),
+}  # fmt: skip
+
+
+def table(directory: Path, which: str) -> str:
+    names, counts = TABLES[which]
+    rows: dict[tuple[int, str], list[DesignRun]] = {}
     for path in sorted(directory.glob("*.json")):
         result = store.load(str(path))
-        for run in result.runs:
-            rows.setdefault((str(result.scenario["name"]), run.design), []).append(run)
-    lines = [
-        "| scenario | design | runs | " + " | ".join(COUNTS) + " | kills mid-job |",
-        "|---|---|---:|" + "---:|" * (len(COUNTS) + 1),
-    ]
-    for (name, design), runs in sorted(rows.items()):
-        cells = " | ".join(_spread([getattr(r.counts, c) for r in runs]) for c in COUNTS)
-        mid = _spread([r.counts.kills_mid_job for r in runs])
-        lines.append(f"| {name} | `{design}` | {len(runs)} | {cells} | {mid} |")
+        if (name := str(result.scenario["name"])) in names:
+            for run in result.runs:
+                rows.setdefault((names.index(name), run.design), []).append(run)
+    heads = [c.replace("_", " ").replace("kills mid job", "kills mid-job") for c in counts]
+    lines = ["| scenario | design | runs | " + " | ".join(heads) + " |", "|---|---|---:|" + "---:|" * len(counts)]
+    for (index, design), runs in sorted(rows.items()):
+        cells = " | ".join(_spread([getattr(r.counts, c) for r in runs]) for c in counts)
+        lines.append(f"| {names[index]} | `{design}` | {len(runs)} | {cells} |")
     return "\n".join(lines)
 
 
@@ -83,7 +90,7 @@ def main(argv: list[str]) -> int:
         run(Path(argv[1]), python, lanes, only, designs)
         return 0
     if len(argv) == 1:
-        print(table(Path(argv[0])))
+        print("\n\n".join(table(Path(argv[0]), which) for which in TABLES))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

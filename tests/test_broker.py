@@ -141,3 +141,40 @@ def test_a_failover_that_keeps_the_address_is_followed_by_a_library_s_workers(ba
     # What is lost is only what the primary held as it died (the tail replication had not sent yet): every
     # job enqueued after the failover was done at the address the workers were started with.
     assert bf.held_at_fault <= len(bf.held_ids) and set(run.jobs["lost"]) <= set(bf.held_ids)
+
+
+@pytest.mark.parametrize("design", ["celery", "taskiq"])
+def test_a_library_s_enqueue_that_fails_with_the_server_down_is_indeterminate(backlog: Scenario, design: str) -> None:
+    """Celery's kombu and taskiq wrap the connection error in their own (OperationalError, SendTaskError):
+    the producer looks through the wrapper, as it does for a plain redis-py error, and records the enqueue
+    indeterminate; before, the wrapper ended the run (exit 5)."""
+    sc = backlog.replace(jobs=300, fault_at=0.3, downtime=0.5, produce_s=1.0, drain_timeout=10)
+    run = run_designs(sc, [design], Options()).runs[0]
+    bf, c = run.broker_fault, run.counts
+    assert bf is not None and bf.back_at is not None
+    assert c.indeterminate > 0 and bf.acknowledged_before + c.indeterminate <= c.enqueued == 300
+
+
+def test_only_an_error_caused_by_an_unanswered_write_makes_an_enqueue_indeterminate() -> None:
+    import redis
+
+    from crashbench.run.producer import unanswered
+
+    class LibraryError(Exception):
+        pass
+
+    def wrapped(cause: BaseException, explicit: bool) -> LibraryError:
+        try:
+            try:
+                raise cause
+            except Exception as exc:
+                if explicit:
+                    raise LibraryError("wrapped") from exc
+                raise LibraryError("wrapped")  # noqa: B904 (a library that chains only implicitly)
+        except LibraryError as err:
+            return err
+
+    assert unanswered(wrapped(redis.ConnectionError("refused"), explicit=True))
+    assert unanswered(wrapped(redis.exceptions.OutOfMemoryError("OOM"), explicit=False))  # its context
+    assert not unanswered(wrapped(ValueError("a bug in the adapter"), explicit=True))
+    assert not unanswered(LibraryError("no cause"))

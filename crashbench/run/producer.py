@@ -118,11 +118,30 @@ class Producer:
             else:
                 try:
                     entries = receipts(design.enqueue(chunk), ids, design.name)
-                except (*DOWN, EnqueueUnconfirmed, redis.exceptions.OutOfMemoryError):  # OOM: an eviction fault's
+                except Exception as exc:
+                    if not unanswered(exc):
+                        raise
                     ok = False
                 else:
                     ok = True
             self.chunks.append((now, ids, ok, ok and self.lagging, entries))
+
+
+UNANSWERED = (*DOWN, EnqueueUnconfirmed, redis.exceptions.OutOfMemoryError)  # OOM: an eviction fault's
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether an enqueue raised because the server did not take it: the connection failed (a broker
+    fault), the write was refused (OOM) or not confirmed. A library wraps the first in its own error
+    (kombu's OperationalError, taskiq's SendTaskError): its cause or context is looked at, to the bottom."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UNANSWERED):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def producer_client(url: str, socket_timeout: float) -> redis.Redis:
