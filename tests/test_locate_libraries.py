@@ -363,3 +363,24 @@ def test_a_delayed_job_is_located_where_its_library_keeps_it(
     finally:
         if spec == "celery":
             d.app.close()  # type: ignore[attr-defined]
+
+
+@installed("rq")
+def test_rq_a_started_job_of_a_run_with_a_token_is_held_once_not_also_hash_only(
+    client: redis.Redis, raw: redis.Redis, run_id: str
+) -> None:
+    """Ids on the wire carry the run's token, Located's do not (crashbench.jobids.canonical): a job hash
+    named by the started registry is that job's place, never also a "hash-only" one (held twice)."""
+    from crashbench import jobids
+
+    tok = jobids.token()
+    jobids.register(tok)
+    d = _design(client, "rq", run_id, 2)
+    wired = [jobids.wire(j, tok) for j in JOBS]
+    d.enqueue([Job(j) for j in wired])
+    q = d.qname  # type: ignore[attr-defined]
+    raw.lrem(f"rq:queue:{q}", 0, f"{q}-{wired[0]}")
+    raw.zadd(f"rq:wip:{q}", {f"{q}-{wired[0]}:execution-1": time.time() + 60})
+    found = _locate(d, raw)
+    assert found.held["000001"] == ["started"] and found.void == set()
+    assert {j for j, places in found.held.items() if len(places) > 1} == set()

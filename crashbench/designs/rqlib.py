@@ -65,6 +65,7 @@ from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, Queu
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
+from crashbench.jobids import canonical
 from crashbench.model.stored import Snapshot
 
 
@@ -326,7 +327,7 @@ class RQQueue(LibraryDesign):
             if not name.startswith(head) or key.type != "hash" or ":" in name[len(head) :]:
                 continue
             job = self._job_id(name.removeprefix(RQJob.key_for("")))
-            if job in placed:
+            if canonical(job) in placed:  # Located's ids are canonical (the run's token stripped)
                 continue
             status = key.fields.get(b"status", b"").decode(errors="replace")
             found.add(job, "hash-only", {"finished": "succeeded", "failed": "failed"}.get(status, "held"))
