@@ -5,9 +5,10 @@ the worker. It stays in the worker's session (each worker is a session leader), 
 child subreaper (PR_SET_CHILD_SUBREAPER), so such orphans are re-parented to crashbench instead of
 init: `end_sessions` finds them there, stops them and reaps them. If crashbench itself is SIGKILLed,
 its workers die with it (PR_SET_PDEATHSIG) but their children would not: the `Watchdog`, told each
-worker's session, sees its lifeline pipe close without a goodbye and SIGKILLs whatever is left in
-those sessions. Linux-specific where it says so; elsewhere the subreaper and the death signal are
-no-ops and the sweeps look through every process.
+worker's session, sees its lifeline pipe close without a goodbye, SIGKILLs whatever is left in those
+sessions and removes the memory cgroups the workers made (crashbench.control.memlimit). Linux-specific
+where it says so; elsewhere the subreaper and the death signal are no-ops and the sweeps look through
+every process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from crashbench.control import memlimit
 
 PR_SET_PDEATHSIG = 1
 STOPS = {signal.SIGINT, signal.SIGTERM}  # how crashbench is asked to stop; blocked across its forks
@@ -190,6 +193,7 @@ def _guard(lifeline: int) -> None:
     """The watchdog's body: in its own session (a terminal's Ctrl-C is crashbench's to handle), with
     no file of crashbench's open (a caller reading crashbench's output must see it end)."""
     started = started_at(os.getpid())
+    runner = os.getppid()
     os.setsid()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
@@ -206,14 +210,17 @@ def _guard(lifeline: int) -> None:
             if line == b"done":
                 return
             sids.add(int(line))
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:  # until a pass finds nothing: a dying process may still fork
-        left = []
-        for p in in_sessions(sids, everywhere=True):
-            with contextlib.suppress(psutil.Error):
-                if started_at(p.pid) >= started and p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(p)
-                    p.kill()
-        if not left:
-            return
-        time.sleep(0.01)
+    try:
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # until a pass finds nothing: a dying process may still fork
+            left = []
+            for p in in_sessions(sids, everywhere=True):
+                with contextlib.suppress(psutil.Error):
+                    if started_at(p.pid) >= started and p.status() != psutil.STATUS_ZOMBIE:
+                        left.append(p)
+                        p.kill()
+            if not left:
+                return
+            time.sleep(0.01)
+    finally:
+        memlimit.remove_cgroups(runner)  # the workers' memory cgroups, empty now (crashbench.control.memlimit)

@@ -32,14 +32,14 @@ CHUNK = 16 * 2**20  # bytes a memory crash allocates at a time
 def crash(how: str) -> None:
     """End this process as a crash job does, never returning: SIGKILL to itself ("sigkill"),
     os._exit(CRASH_EXIT) ("exit"), or allocate until the worker's memory limit stops it ("memory",
-    crashbench.control.memlimit): under a cgroup every page is touched and the OOM killer SIGKILLs the
-    process; under RLIMIT_AS the address space runs out (MemoryError), and the process ends with
+    crashbench.control.memlimit): under a cgroup (v2 or v1) every page is touched and the kernel's OOM
+    killer SIGKILLs the process; under RLIMIT_AS the address space runs out (MemoryError), and the process ends with
     os._exit(OOM_EXIT), as the OOM killer would have ended it. With no limit at all, it stops
     allocating at twice the headroom and exits the same way, rather than take the machine's memory."""
     if how == "exit":
         os._exit(CRASH_EXIT)
     if how == "memory":
-        touch = os.environ.get(memlimit.ENV) == "cgroup"
+        touch = os.environ.get(memlimit.ENV) in memlimit.CGROUPS  # v2's or v1's: the OOM killer ends it
         held: list[mmap.mmap] = []
         try:
             while len(held) * CHUNK < 2 * memlimit.HEADROOM:

@@ -25,11 +25,15 @@ from crashbench.model.workload import Workload
 
 class CrashLoop:
     def __init__(self, workload: Workload, ledger: Ledger, configuration: dict[str, object] | None = None) -> None:
-        """`configuration`: the result's, given the memory limit the workers put on themselves, if any."""
+        """`configuration`: the result's, given the memory limit the workers put on themselves, if any
+        (crashbench.control.memlimit)."""
         self.workload, self.ledger = workload, ledger
         self.active = workload.crash_rate > 0
+        self.warnings: list[str] = []  # for the run's warnings: a cgroup v1 that does not limit memory
         if configuration is not None and self.active and workload.crash_how == "memory":
             configuration["crash_memory_limit"] = memlimit.method()
+            if reason := memlimit.choice().reason:
+                self.warnings.append(f"memory crash jobs: {reason}; the workers use RLIMIT_AS instead")
         self._crash: dict[int, bool] = {}  # job code -> whether it is a crash job
         self._seen = 0  # ledger rows looked at by `starts`
         self._again = 0  # ... of which a crash job's start after its first

@@ -84,6 +84,8 @@ class Harness:
         self.spec_file = self.dir / "worker.json"
         self.spec_file.write_text(self.wspec.to_json(spec))
         self.parent = os.getpid()
+        if workload.crash_rate and workload.crash_how == "memory":
+            memlimit.choice()  # which memory limit the workers use (a cgroup v1's probe): once, before any fork
         tree = workers.tree and self.cls.own_worker
         self.sup = Supervisor(self._prepare, self.dir / "logs", clock, tree=tree, register=self._register)
 
@@ -131,12 +133,12 @@ class Harness:
         remove the directory, or, with `keep`, mark it kept (the next orphan sweep leaves it alone)."""
         try:
             self.ledger.close()
-            memlimit.remove_cgroups()  # a memory crash's cgroups (crashbench.control.memlimit), if any
             if clean_keys:
                 with contextlib.suppress(redis.RedisError):
                     cleanup_keys(self.url, self.prefix)
             self.client.close()
         finally:
+            memlimit.remove_cgroups()  # a memory crash's cgroups (crashbench.control.memlimit), if any
             if not keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
             else:

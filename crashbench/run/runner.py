@@ -82,6 +82,7 @@ class CrashRun:
         self.window = scenario.run.drain_timeout or self.design.observe_window()
         self.configuration, self.warnings = library_settings(self.design)
         self.crashloop = crashloop.CrashLoop(self.sc.workload_model(), self.ledger, self.configuration)
+        self.warnings = [*self.warnings, *self.crashloop.warnings]
         self._plan()
         self._empty_records()
 
@@ -176,15 +177,15 @@ class CrashRun:
             self.keep_dir = True
             raise UnexpectedError.from_exception(exc, f"{self.spec} ({self.phase})", self.dir) from exc
         finally:
-            self.harness.stop(grace=self._grace())
-            if self.producer is not None and self.producer.through is not None:
-                self.producer.through.close()
-            self.raw.close()
-            if self.lease is not None:
-                self.lease.close()
             try:
+                self.harness.stop(grace=self._grace())
+                if self.producer is not None and self.producer.through is not None:
+                    self.producer.through.close()
+                self.raw.close()
+                if self.lease is not None:
+                    self.lease.close()
                 self.net.close()
-            finally:  # the workdir goes (or stays, marked) even if the network's close failed
+            finally:  # the workdir goes (or stays, marked) and the workers' cgroups go, whatever failed above
                 self.harness.close(keep=self.keep_dir)
 
     def _grace(self) -> float:
