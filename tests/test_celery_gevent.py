@@ -81,9 +81,9 @@ def test_celery_gevent_restores_a_killed_worker_s_unacked_tasks_but_loses_what_i
     # 1.6 s (2 x 0.3 + 1). Each kill lands as a handler starts (mid-job), which on a green pool is also
     # when the worker's consumer, in another greenlet of the same process, has just BRPOPped its next
     # message and not yet written it to `unacked` (kombu's QoS.append comes after the pop): that one is
-    # gone from Redis with the process (measured: 1 to 3 lost per 3 kills on the default workload, 1 in
-    # 3 runs of this one). What celery#4976 reports does not happen: every message that reached
-    # `unacked` came back.
+    # gone from Redis with the process (measured: 0 to 3 lost per 3 kills in 6 runs of the default
+    # workload; this one lost a task in 3 of its first 4 runs). What celery#4976 reports does not
+    # happen: every message that reached `unacked` came back.
     sc = small.replace(jobs=120, job_ms=300, kills=3, interval=0.5, concurrency=2, drain_timeout=30)
     result = run_designs(sc, ["celery:gevent"], Options())
     run = result.runs[0]
