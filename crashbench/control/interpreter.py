@@ -1,7 +1,9 @@
 """Workers under another Python interpreter (`--worker-python PATH`).
 
 Some libraries cannot share crashbench's environment (arq pins redis-py < 6), and a user may want
-their application's exact versions. Then each forked worker execs `PATH -m crashbench.run.worker`
+their application's exact versions; some workers must start in a fresh interpreter (gevent's monkey
+patching comes before any import of socket: Design.worker_module, under crashbench's own interpreter
+when no other is given). Then each forked worker execs `PATH -m crashbench.run.worker`
 instead of running the worker body in the forked copy: it stays the same process (same pid, same
 session, the same die-with-parent flag), so the supervisor's identity and kill rules still hold;
 only its start-up is a cold interpreter's.
@@ -26,6 +28,7 @@ from crashbench.errors import UsageError
 URL_ENV = "CRASHBENCH_REDIS_URL"
 
 CHECK_TIMEOUT = 60.0
+WORKER_MODULE = "crashbench.run.worker"  # what an exec'd worker runs, unless its design names its own
 
 
 class WorkerPython:
@@ -49,9 +52,10 @@ class WorkerPython:
             env[URL_ENV] = redis_url or self.redis_url  # type: ignore[assignment]
         return env
 
-    def argv(self, *args: str) -> list[str]:
-        """The worker's command line: paths and names only, never the URL (see env)."""
-        return [self.python, "-m", "crashbench.run.worker", *args]
+    def argv(self, *args: str, module: str = WORKER_MODULE) -> list[str]:
+        """The worker's command line: paths and names only, never the URL (see env). `module`: the
+        design's own entry (Design.worker_module), which runs crashbench.run.worker's main."""
+        return [self.python, "-m", module, *args]
 
     def check(self, modules: list[str]) -> dict[str, str]:
         """Fail now, with the interpreter's own message, if it cannot run a worker of these designs;
@@ -60,7 +64,7 @@ class WorkerPython:
         code = "; ".join(
             [
                 "import json, sys, importlib.metadata as md",
-                *(f"import {m}" for m in ["crashbench.run.worker", *wanted]),
+                *(f"import {m}" for m in [WORKER_MODULE, *wanted]),
                 f"print(json.dumps({{'python': sys.version.split()[0], **{{m: md.version(m) for m in {wanted!r}}}}}))",
             ]
         )

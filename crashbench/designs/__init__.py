@@ -66,6 +66,11 @@ class Design(ABC):
     # The module a worker of this design imports besides crashbench and redis (a queue library), or "".
     # It is checked before the run, in crashbench's environment or the --worker-python one.
     library: ClassVar[str] = ""
+    # Modules its worker imports besides `library` (celery:gevent's gevent), checked and reported as it is.
+    requires: ClassVar[tuple[str, ...]] = ()
+    # A module its workers run as `python -m` in a fresh interpreter (crashbench's, or --worker-python's),
+    # not in a fork of crashbench, which has imported socket and redis: gevent's patching must come first.
+    worker_module: ClassVar[str] = ""
     # fnmatch patterns of key names (without the prefix) the inspector reads as dead letters, as
     # delayed retries, or skips as bookkeeping (worker names, heartbeats, sets of ids that are not jobs).
     DEAD_LETTERS: ClassVar[tuple[str, ...]] = ()
@@ -338,6 +343,7 @@ BUILTIN: dict[str, str] = {
     "celery": "crashbench.designs.celerylib:CeleryQueue",
     "celery:acks-late": "crashbench.designs.celerylib:CeleryAcksLate",
     "celery:threads": "crashbench.designs.celerylib:CeleryThreads",
+    "celery:gevent": "crashbench.designs.celerylib:CeleryGevent",
     "celery:solo": "crashbench.designs.celerylib:CelerySolo",
     "dramatiq": "crashbench.designs.dramatiqlib:DramatiqQueue",
     "dramatiq:reliable": "crashbench.designs.dramatiqlib:DramatiqReliable",
@@ -356,7 +362,7 @@ APP_LIBRARIES: tuple[str, ...] = ("celery", "rq", "dramatiq", "huey", "arq", "ta
 # The optional dependency a built-in design needs, for the error message when it is missing.
 EXTRAS: dict[str, str] = {
     "rq": "rq", "rq:reliable": "rq", "celery": "celery", "celery:acks-late": "celery", "celery:threads": "celery",
-    "celery:solo": "celery",
+    "celery:gevent": "celery", "celery:solo": "celery",
     "dramatiq": "dramatiq", "dramatiq:reliable": "dramatiq", "huey": "huey", "huey:requeue": "huey",
     "taskiq": "taskiq", "taskiq:stream": "taskiq", "taskiq:reliable": "taskiq",
 }  # fmt: skip

@@ -31,6 +31,10 @@ seconds (10 x 10 s as installed): a message comes back up to visibility + interv
                      above the longest job (LibraryDesign.job_timeout: 1 s for the default 10 ms
                      jobs), and the restore sweep every second (interval 1, throttle 1)
     celery:threads   celery:acks-late on the threads pool (tasks in threads of the worker process)
+    celery:gevent    celery:acks-late on the gevent pool (tasks in greenlets of the worker process,
+                     which starts in a fresh interpreter that monkey-patches first:
+                     crashbench.run.gevent_worker); no event loop, so kombu restores unacked messages
+                     from its polls, not from a timer (celery#4976 reports they never come back)
     celery:solo      celery:acks-late on the solo pool (one task, in the worker process itself)
 
 With an [app] (crashbench.designs.app), the user's Celery app runs as the user configured it (acks,
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -251,6 +256,30 @@ class CeleryThreads(CeleryAcksLate):
     name = "celery:threads"
     summary = "celery:acks-late on the threads pool: tasks run in threads of the worker process itself"
     pool = "threads"
+
+
+class CeleryGevent(CeleryAcksLate):
+    name = "celery:gevent"
+    summary = "celery:acks-late on the gevent pool: tasks run in greenlets of a monkey-patched worker process"
+    pool = "gevent"
+    requires = ("gevent",)
+    worker_module = "crashbench.run.gevent_worker"  # patches before anything imports socket
+
+    def _user_app(self) -> Celery:
+        """The user's app on the gevent pool: its worker is monkey-patched, whatever pool the app names."""
+        app = super()._user_app()
+        app.conf.worker_pool = self.pool
+        return app
+
+    def serve(self, worker: str, ready: Callable[[], None]) -> None:
+        from gevent import monkey
+
+        if not monkey.is_module_patched("socket"):  # greenlets would block each other: say so, measure nothing
+            raise RuntimeError(f"{self.name}: gevent has not patched this process (run it as {self.worker_module})")
+        # Patched first thing, as `celery worker -P gevent` does: Celery's warning that the worker_pool
+        # setting selects a green pool too late for its patches does not apply.
+        warnings.filterwarnings("ignore", message=r"\s*The worker_pool setting shouldn't", category=UserWarning)
+        super().serve(worker, ready)
 
 
 class CelerySolo(CeleryAcksLate):

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import redis
 
 from crashbench.control import connect, memlimit, workdirs
-from crashbench.control.interpreter import WorkerPython
+from crashbench.control.interpreter import WORKER_MODULE, WorkerPython
 from crashbench.control.server import cleanup_keys
 from crashbench.control.supervisor import Supervisor
 from crashbench.designs import Design, LibraryDesign, check_app, load_design
@@ -46,7 +47,9 @@ class Workers:
 
     url: Callable[[int], str | None] = _no_url  # a slot's own URL (through a proxy, from a namespace), or None
     enter: Callable[[int], None] = _stay  # in the forked worker, before it connects (a slot's namespace)
-    python: WorkerPython | None = None  # exec this interpreter instead of running the loop (--worker-python)
+    # exec this interpreter instead of running the loop (--worker-python); a design with a worker_module
+    # execs crashbench's own without it
+    python: WorkerPython | None = None
     url_file: str | None = None  # with a broker fault: where the current server's URL is (failover)
     tree: bool = True  # a library's worker: signals reach the processes below it (Supervisor's `tree`)
 
@@ -80,6 +83,8 @@ class Harness:
         self.dir = workdirs.make(kind, memory=True)
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
+        self.python = workers.python or self._own_python()
+        self.module = self.cls.worker_module or WORKER_MODULE
         self.ledger = Ledger(self.dir / "ledger")
         self.spec_file = self.dir / "worker.json"
         self.spec_file.write_text(self.wspec.to_json(spec))
@@ -89,6 +94,16 @@ class Harness:
         tree = workers.tree and self.cls.own_worker
         self.sup = Supervisor(self._prepare, self.dir / "logs", clock, tree=tree, register=self._register)
 
+    def _own_python(self) -> WorkerPython | None:
+        """For a design whose worker starts in a fresh interpreter (Design.worker_module, gevent's):
+        crashbench's own, when no --worker-python gives another."""
+        if not self.cls.worker_module:
+            return None
+        (path_dir := self.dir / "python").mkdir()
+        python = WorkerPython(sys.executable, path_dir)
+        python.redis_url = self.url
+        return python
+
     def _register(self, name: str, slot: int) -> None:
         """In this process, before each fork: the new worker's ledger file is read from now on."""
         if not self.bare:
@@ -96,17 +111,17 @@ class Harness:
 
     def _prepare(self, name: str, slot: int) -> Callable[[], int]:
         """The worker's body, made where the worker is forked: it registers nothing (see Supervisor)."""
-        url, parent, gate, workers = self.workers.url(slot), self.parent, self.gate, self.workers
+        url, parent, gate, workers, module = self.workers.url(slot), self.parent, self.gate, self.workers, self.module
         wspec = dataclasses.replace(self.wspec, redis_url=url) if url else self.wspec
         if self.bare:
             out = self.dir / f"{name}.bare"
             return lambda: run_bare(wspec, name, out, parent, gate)
-        path, spec_file = self.ledger.path_of(name), self.spec_file
+        path, spec_file, python = self.ledger.path_of(name), self.spec_file, self.python
 
         def worker() -> int:  # in the forked child
             workers.enter(slot)
-            if (wp := workers.python) is not None:
-                os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent)), wp.env(url))
+            if (wp := python) is not None:
+                os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent), module=module), wp.env(url))
             return run_worker(wspec, name, path, parent, gate)
 
         return worker

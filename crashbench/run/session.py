@@ -103,9 +103,10 @@ def replay_scenario(result: Result, index: int) -> Scenario:
     return with_overrides(scenario, **overrides)
 
 
-def _check_designs(plan: Plan, options: Options) -> list[str]:
-    """Usage errors before any server starts; returns the libraries the workers must import."""
-    libraries = []
+def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
+    """Usage errors before any server starts; returns the modules the workers must import (a design's
+    library, and what else it requires), each with the library whose interpreter imports it."""
+    libraries: dict[str, str] = {}
     for scenario, spec, _ in plan:
         broker = scenario.broker
         if options.redis_url and broker.persistence != "none":
@@ -135,13 +136,15 @@ def _check_designs(plan: Plan, options: Options) -> list[str]:
                 f"{spec} keeps keys outside crashbench's namespace, so it runs only on a server crashbench starts",
                 hint=NO_URL,
             )
-        if cls.library and cls.library not in libraries:
-            libraries.append(cls.library)
-            if not options.python_for(cls.library) and importlib.util.find_spec(cls.library) is None:
+        for module in (cls.library, *cls.requires) if cls.library else ():
+            if module in libraries:
+                continue
+            libraries[module] = cls.library
+            if not options.python_for(cls.library) and importlib.util.find_spec(module) is None:
                 raise UsageError(
-                    f"{spec} needs {cls.library}, which is not installed in crashbench's environment",
-                    hint=f"give --worker-python {cls.library}=PATH, an interpreter that has {cls.library} and "
-                    f"redis-py (python -m venv ENV && ENV/bin/pip install {cls.library}; "
+                    f"{spec} needs {module}, which is not installed in crashbench's environment",
+                    hint=f"give --worker-python {cls.library}=PATH, an interpreter that has {module} and "
+                    f"redis-py (python -m venv ENV && ENV/bin/pip install {module}; "
                     f"--worker-python {cls.library}=ENV/bin/python)",
                 )
     return libraries
@@ -204,19 +207,19 @@ def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
         raise
 
 
-def _run_checked(base: Scenario, plan: Plan, options: Options, kind: str, libraries: list[str]) -> Result:
+def _run_checked(base: Scenario, plan: Plan, options: Options, kind: str, libraries: dict[str, str]) -> Result:
     with contextlib.ExitStack() as cleanup:
         pythons: dict[str, WorkerPython] = {}  # by path: one link directory and one check per interpreter
-        serves: dict[str, list[str]] = {}  # path -> the libraries its workers import
-        for library in [None, *libraries]:
+        serves: dict[str, list[str]] = {}  # path -> the libraries (and modules they require) its workers import
+        for module, library in [(None, None), *libraries.items()]:
             path = options.python_for(library)
             if path is not None and path not in pythons:
                 path_dir = workdirs.make("python")
                 cleanup.callback(shutil.rmtree, path_dir, ignore_errors=True)
                 pythons[path] = WorkerPython(path, path_dir)
-            if path is not None and library is not None:
-                serves.setdefault(path, []).append(library)
-        local = [lib for lib in libraries if options.python_for(lib) is None]
+            if path is not None and module is not None:
+                serves.setdefault(path, []).append(module)
+        local = [module for module, library in libraries.items() if options.python_for(library) is None]
         versions = {lib: metadata.version(lib) for lib in local}
         for path, python in pythons.items():
             checked = python.check(serves.get(path, []))
