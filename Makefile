@@ -173,15 +173,13 @@ deploy-libraries: $(STAMP)  ## docs/how-to/deploys.md's table (a 30 s-grace roll
 	$(BIN)/crashbench compare -s scenarios/deploy-grace-30.toml --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,huey:requeue,taskiq:reliable \
 	  --plain --out results/readme/deploy
 
-# docs/findings/library-scenarios.md's table: every library adapter (but arq and saq, under --worker-python) in the
-# graceful (SIGTERM) and pause (SIGSTOP) scenarios, 2 seeds each, a 20 s window (about 30 minutes).
-SCENARIO_LIBRARIES := rq rq:reliable celery celery:acks-late celery:threads celery:solo dramatiq dramatiq:reliable huey \
-  huey:requeue taskiq taskiq:stream taskiq:reliable
-library-scenarios: $(STAMP)  ## docs/findings/library-scenarios.md's table (libraries under SIGTERM and SIGSTOP)
+# docs/findings/library-scenarios.md's tables: every library adapter (arq and saq under --worker-python) in the
+# graceful (SIGTERM), pause (SIGSTOP), broker-kill (each persistence mode), broker-failover and mixed scenarios,
+# 2 seeds each, a 20 s window, two runs side by side (about an hour); one result file per scenario and design.
+library-scenarios: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-scenarios.md's tables (libraries under SIGTERM, SIGSTOP, server faults)
 	rm -rf results/readme/library-scenarios
-	for s in graceful pause; do for d in $(SCENARIO_LIBRARIES); do \
-	  $(BIN)/crashbench run -s $$s --design $$d --drain-timeout 20 --repeat 2 --plain --out results/readme/library-scenarios; \
-	done; done
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/library_scenarios.py run results/readme/library-scenarios \
+	  --worker-python $(ARQ_PY) --lanes 2
 	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)

@@ -119,7 +119,12 @@ REPORTS: tuple[Report, ...] = (
     Report(
         "celery-4976", "celery/celery#4976",
         "with the gevent pool, unacked messages are never restored",
-        (), (), "-", None, "-", skip="not reproduced here: gevent not installed",
+        (Run("claim", "default", "celery:gevent", ("--jobs", "120", "--job-ms", "300", "--kills", "3",
+                                                   "--concurrency", "2", "--drain-timeout", "30")),),
+        ("kills_mid_job", "done", "lost", "stranded", "redelivered", "duplicated"),
+        "a killed worker's unacked tasks never come back: stranded > 0",
+        lambda m: _any(m, "claim", lambda r: r.counts.stranded > 0),
+        "-",
     ),
     Report(
         "celery-7950", "celery/celery#7950, celery/kombu#305",

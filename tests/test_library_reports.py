@@ -57,6 +57,7 @@ FLIP: dict[str, Callable[[dict, bool], None]] = {
         for k in ("claim", "restart")
         for n in ("lost", "stranded")
     ],
+    "celery-4976": lambda m, h: _set(m, "claim", "stranded", 2 if h else 0, ("celery:gevent",)),
     "celery-7950": lambda m, h: _set(m, "claim", "lost", 1 if h else 0),
     "rq-1846": lambda m, h: (_set(m, "claim", "lost", 0, ("rq",)), _set(m, "claim", "stranded", int(h), ("rq",))),
     "rq-2015": lambda m, h: (_set(m, "claim", "lost", 0, ("rq",)), _set(m, "claim", "stranded", int(h), ("rq",))),

@@ -38,6 +38,7 @@ from crashbench.scenario.settings import BLOCKING_POP_S as BLOCKING_POP_S
 from crashbench.scenario.settings import BROKER_FAULTS as BROKER_FAULTS
 from crashbench.scenario.settings import CHOICES as CHOICES
 from crashbench.scenario.settings import COUNT as COUNT
+from crashbench.scenario.settings import FAILOVER_ADDRESS as FAILOVER_ADDRESS
 from crashbench.scenario.settings import FAULT_SIGNALS as FAULT_SIGNALS
 from crashbench.scenario.settings import KILL_TARGETS as KILL_TARGETS
 from crashbench.scenario.settings import KILL_WHEN as KILL_WHEN
