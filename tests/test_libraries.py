@@ -348,7 +348,7 @@ def test_library_workers_that_exit_on_a_lost_server_are_the_broker_fault_s_not_a
     # RQ's workers exit on a ConnectionError while the server is down (rq/rq#1846's setting): more than
     # 2 x workers of them. They are counted and respawned; the run goes on to its counts instead of aborting.
     sc = scenario.load("broker-kill-aof-everysec")
-    sc = sc.replace(jobs=200, workers=2, downtime=1.0, drain_timeout=8, designs=())
+    sc = sc.replace(jobs=200, workers=2, downtime=1.0, drain_timeout=8)
     run = run_designs(sc, ["rq"], Options()).runs[0]
     assert run.broker_fault is not None and run.broker_fault.back_at is not None
     assert run.counts.worker_crashes > 2 * sc.workload.workers  # what used to abort the run (exit 4)
