@@ -127,7 +127,7 @@ def test_a_failover_that_keeps_the_address_is_followed_by_a_library_s_workers(ba
     """failover_address "kept": the promoted replica takes the primary's port, and RQ's workers, which never
     re-read an address, reconnect to it and run what is enqueued after the failover; told the replica's new
     address instead ("new"), they could not, and the run is refused before it starts."""
-    sc = backlog.replace(jobs=200, fault="failover", fault_at=0.8, produce_s=1.6, drain_timeout=8)
+    sc = backlog.replace(jobs=200, fault="failover", fault_at=0.8, produce_s=1.6, drain_timeout=4)
     with pytest.raises(UsageError, match="cannot follow a failover") as err:
         run_designs(sc, ["rq:reliable"], Options())
     assert 'failover_address = "kept"' in (err.value.hint or "")

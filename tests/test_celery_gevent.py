@@ -58,13 +58,13 @@ def on_greenlets(run: DesignRun) -> None:
 
 
 def test_celery_gevent_runs_every_job_exactly_once_in_greenlets(small: Scenario, tmp_path: Path) -> None:
-    sc = small.replace(jobs=80, job_ms=200, kills=0, concurrency=4)
+    sc = small.replace(jobs=30, job_ms=200, kills=0, concurrency=4)
     result = run_designs(sc, ["celery:gevent"], Options(keep=True))
     run = result.runs[0]
     try:
         c = run.counts
         assert run.problems == []
-        assert c.done == c.enqueued == c.executions == 80
+        assert c.done == c.enqueued == c.executions == 30
         assert (c.lost, c.duplicated, c.stranded, c.failed) == (0, 0, 0, 0)
         assert run.configuration["pool"] == "gevent" and run.configuration["acks_late"] is True
         assert "gevent" in result.environment.libraries and "celery" in result.environment.libraries
@@ -84,7 +84,7 @@ def test_celery_gevent_restores_a_killed_worker_s_unacked_tasks_but_loses_what_i
     # gone from Redis with the process (measured: 0 to 3 lost per 3 kills in 6 runs of the default
     # workload; this one lost a task in 3 of its first 4 runs). What celery#4976 reports does not
     # happen: every message that reached `unacked` came back.
-    sc = small.replace(jobs=120, job_ms=300, kills=3, interval=0.5, concurrency=2, drain_timeout=30)
+    sc = small.replace(jobs=40, job_ms=300, kills=3, interval=0.5, concurrency=2, drain_timeout=6)
     result = run_designs(sc, ["celery:gevent"], Options())
     run = result.runs[0]
     c = run.counts
