@@ -51,3 +51,70 @@ def _named(url: str) -> int:
         return int(sentinel.sentinel_master(MASTER_NAME)["port"])
     finally:
         sentinel.close()
+
+
+def test_a_client_of_a_sentinel_url_follows_the_primary_the_sentinels_promote() -> None:
+    """connect.connect on `redis+sentinel://...`: redis-py's Sentinel client, which asks the sentinels for
+    the primary again after a connection error; the same client object writes to the promoted replica."""
+    from crashbench.control import connect
+
+    with sentinel_topology() as topo:
+        hosts = ",".join(f"{h}:{p}" for h, p in topo.sentinel_addresses)
+        client = connect.connect(f"redis+sentinel://{hosts}/{MASTER_NAME}/0", socket_timeout=2)
+        try:
+            client.set("before", 1)
+            assert client.info("server")["tcp_port"] == topo.primary.port
+            topo.primary.kill()
+            deadline = time.monotonic() + 30
+            while True:  # the sentinels' own decision, then the client's next connection finds the new one
+                try:
+                    client.set("after", 1)
+                    break
+                except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+                    assert time.monotonic() < deadline, "the client found no new primary within 30 s"
+                    time.sleep(0.1)
+            assert client.info("server")["tcp_port"] in {r.port for r in topo.replicas}
+            assert client.get("before") == b"1"  # replicated before the kill
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "parts"),
+    [
+        ("redis+sentinel://127.0.0.1:26379/mymaster", ((("127.0.0.1", 26379),), "mymaster", 0, None)),
+        ("redis+sentinel://:s3cret@a:1,b:2/m/3", ((("a", 1), ("b", 2)), "m", 3, "s3cret")),
+    ],
+)
+def test_a_sentinel_url_is_read_into_its_sentinels_master_database_and_password(url: str, parts: tuple) -> None:
+    from crashbench.control.connect import parse_sentinel
+
+    p = parse_sentinel(url)
+    assert (p.sentinels, p.master, p.db, p.password) == parts
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://host/m", "host:port"),
+        ("redis+sentinel://:pw@h:1", "no master name"),
+        ("redis+sentinel://h:1/m/x", "must be a number"),
+    ],
+)
+def test_a_sentinel_url_that_cannot_be_read_says_what_is_wrong_without_its_password(url: str, message: str) -> None:
+    from crashbench.control.connect import parse_sentinel
+
+    with pytest.raises(ValueError, match=message) as err:
+        parse_sentinel(url)
+    assert "pw" not in str(err.value)
+
+
+def test_a_run_on_a_sentinel_url_is_refused_in_one_line_for_now() -> None:
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+    from crashbench.errors import ExitCode
+
+    got = CliRunner().invoke(cli, ["run", "--redis-url", "redis+sentinel://:pw@127.0.0.1:1/m", "--plain"])
+    assert got.exit_code == ExitCode.USAGE and "not supported yet" in got.output
+    assert "Traceback" not in got.output and "pw" not in got.output

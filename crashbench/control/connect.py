@@ -7,6 +7,10 @@ URL forms:
   any of its nodes, which the client asks for the others (CLUSTER SLOTS). The scheme is the one Go
   and Node users know from cluster URL parsers (`redis+cluster://`, like `redis+sentinel://`); a
   cluster has one database, so no `/db`.
+- `redis+sentinel://[:password@]host:port[,host:port...]/master-name[/db]`: a primary found through Redis
+  Sentinel, as redis-py's `Sentinel.master_for` finds it (and finds again after a failover, on the next
+  connection error); the password is the data servers' (sentinels without one, as the embedded topology's,
+  crashbench.control.sentinel). The form other clients' URL parsers know (Go's, Node's, kombu's `sentinel://`).
 - A plain `redis://` URL whose server says `cluster_enabled:1` is that cluster too: `resolve` turns
   it into the cluster form once, at the start of a session, so that everything after sees one form.
 
@@ -34,6 +38,43 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}  # the cluster form -> redis-py's scheme
+
+
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """A `redis+sentinel://` URL's parts."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    password: str | None = None
+
+
+def is_sentinel(url: str) -> bool:
+    return url.split("://", 1)[0].lower() == SENTINEL_SCHEME
+
+
+def parse_sentinel(url: str) -> SentinelURL:
+    """The parts of a `redis+sentinel://` URL; ValueError naming what is wrong (never the password)."""
+    rest = url.split("://", 1)[1]
+    creds, _, rest = rest.rpartition("@")
+    hosts, _, path = rest.partition("/")
+    sentinels = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"a sentinel must be host:port, not {item!r}")
+        sentinels.append((host.strip("[]"), int(port)))
+    master, _, db = path.strip("/").partition("/")
+    if not master:
+        raise ValueError("no master name: redis+sentinel://host:port[,host:port]/master-name[/db]")
+    if db and not db.isdigit():
+        raise ValueError(f"the database must be a number, not {db!r}")
+    password = creds.partition(":")[2] or None if creds else None
+    return SentinelURL(tuple(sentinels), master, int(db or 0), password)
 
 
 def is_cluster(url: str) -> bool:
@@ -72,7 +113,20 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     commands, routed by key) for a cluster. `kwargs` go to either (decode_responses, timeouts)."""
     if is_cluster(url):
         return _Cluster.from_url(seed_url(url), **kwargs)  # type: ignore[return-value]
+    if is_sentinel(url):
+        return sentinel_client(url, **kwargs)
     return redis.Redis.from_url(url, **kwargs)
+
+
+def sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
+    """The primary the sentinels of a `redis+sentinel://` URL name, through redis-py's Sentinel support:
+    its connections ask the sentinels again for the primary whenever they (re)connect."""
+    from redis.sentinel import Sentinel
+
+    parts = parse_sentinel(url)
+    timeouts = {k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    sentinel = Sentinel(list(parts.sentinels), sentinel_kwargs=timeouts, **timeouts)
+    return sentinel.master_for(parts.master, db=parts.db, password=parts.password, **kwargs)
 
 
 def node_for(url: str, key: str, **kwargs: Any) -> redis.Redis:

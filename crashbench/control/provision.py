@@ -44,6 +44,11 @@ def open_server(
             embedded.stop()
         return
     if redis_url:
+        if connect.is_sentinel(redis_url):  # crashbench.control.sentinel's topology comes first (issue 30)
+            raise UsageError(
+                "a run on a Sentinel URL (redis+sentinel://) is not supported yet",
+                hint="give the current primary's redis:// URL",
+            )
         try:
             connect.check_database(redis_url)
             info = describe(redis_url, "external", None)
