@@ -271,3 +271,21 @@ def test_the_queue_line_breaks_through_a_broker_outage_instead_of_holding_its_la
     assert re.search(r'<path d="M[^"]*M', chart)  # the standalone chart's line is broken there too
     tl.broker_fault = None
     assert len(re.findall(r'class="depth-area"', svg.depth_panel(tl, scale, 0, 60))) == 1
+
+
+def test_band_labels_that_would_overlap_are_drawn_once() -> None:
+    """A rollout's four SIGTERMs land a few ms apart: four bands (each with its tooltip), one "deploy"
+    label above the lanes instead of four written over each other; a band far enough along gets its own."""
+    from crashbench.model.timeline import FaultEvent
+    from crashbench.report import lanes
+
+    tl = synthetic(400, slots=4)
+    ats = [0.0100, 0.0101, 0.0103, 0.0104, 0.040]  # 2 px apart, then 540 px on
+    tl.fault_events = [
+        FaultEvent("deploy", "sigterm", t, {"worker": f"w{i}", "slot": i % 4}) for i, t in enumerate(ats)
+    ]
+    scale = svg.Scale(0.0, 0.05, 100, 1000)
+    g = lanes.Geometry(top=40, lane_h=16, gap=14, slots=4)
+    drawn = "".join(lanes._bands(tl, scale, g))
+    assert drawn.count('<g class="band deploy') == 5
+    assert drawn.count('class="band-label') == 2  # the first four share one; the one at 40 ms has its own

@@ -251,11 +251,15 @@ def _one_recovery(
     )
 
 
+LABEL_CHAR_W = 6.5  # px per character of a band label (the page's 11 px sans-serif, generously)
+
+
 def _bands(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
     """Every family's bands, each labelled above the lanes; then the run's events as lines across them."""
     out = []
     y0, y1 = g.top, g.bottom
-    for b in (b for family in registry.FAMILIES for b in family.bands(tl)):
+    label_end = -math.inf  # where the last band label drawn ends: one that would overlap it is left out
+    for b in sorted((b for family in registry.FAMILIES for b in family.bands(tl)), key=lambda b: b.at):
         x0 = scale.x(b.at)
         w = num(max(scale.x(b.until if b.until is not None else scale.t1) - x0, 2))
         if b.slots is None:
@@ -264,7 +268,11 @@ def _bands(tl: Timeline, scale: Scale, g: Geometry) -> list[str]:
             rects = [f'<rect x="{num(x0)}" y="{num(g.y(s))}" width="{w}" height="{num(g.lane_h)}"/>'
                      for s in b.slots if 0 <= s < g.slots]  # fmt: skip
         out.append(f'<g class="band {esc(b.css)}"><title>{esc(b.tip)}</title>{"".join(rects)}</g>')
-        out.append(f'<text class="band-label {esc(b.css)}" x="{num(x0 + 3)}" y="{num(y0 - 3)}">{esc(b.label)}</text>')
+        if x0 + 3 >= label_end:  # a rollout's stops a few ms apart: one "deploy" label, each band its tooltip
+            out.append(
+                f'<text class="band-label {esc(b.css)}" x="{num(x0 + 3)}" y="{num(y0 - 3)}">{esc(b.label)}</text>'
+            )
+            label_end = x0 + 3 + LABEL_CHAR_W * len(b.label) + 4
     # Events closer than EVENT_GAP share one label, at the first of them: there is one line of room above.
     groups: list[list[tuple[float, str, float]]] = []
     for m in tl.marks:
