@@ -23,7 +23,15 @@ from crashbench.scenario import ScenarioError, parse
 def test_every_kind_has_one_family_and_every_family_takes_a_kind() -> None:
     kinds = registry.kinds()
     assert len(kinds) == len(set(kinds))
-    assert {f.name for f in registry.FAMILIES} == {"signal", "network", "broker", "cluster", "deploy", "eviction"}
+    assert {f.name for f in registry.FAMILIES} == {
+        "signal",
+        "network",
+        "broker",
+        "cluster",
+        "deploy",
+        "eviction",
+        "sentinel",
+    }
     for family in registry.FAMILIES:
         assert "kind" in family.keys and family.kinds and family.summary
         assert all(registry.owner({"kind": k}) is family for k in family.kinds)

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from crashbench.control.sentinel import MASTER_NAME, sentinel_topology
+from crashbench.model.spec import Scenario
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
 pytestmark = pytest.mark.slow
@@ -118,3 +119,38 @@ def test_a_run_on_a_sentinel_url_is_refused_in_one_line_for_now() -> None:
     got = CliRunner().invoke(cli, ["run", "--redis-url", "redis+sentinel://:pw@127.0.0.1:1/m", "--plain"])
     assert got.exit_code == ExitCode.USAGE and "not supported yet" in got.output
     assert "Traceback" not in got.output and "pw" not in got.output
+
+
+def test_under_sentinel_kill_the_workers_find_the_promoted_primary_through_the_sentinels(
+    small: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[broker] fault = "sentinel-kill": a private topology, its primary SIGKILLed; the sentinels promote a
+    replica (after their 1 s down-after at least), the built-in workers, told only the sentinels' addresses,
+    run jobs on it, and what is lost is only what the dead primary alone held. Every process is gone after."""
+    import contextlib
+
+    from crashbench.errors import UsageError
+    from crashbench.run import session
+    from crashbench.run.session import Options, run_designs
+
+    pids: list[int] = []  # the run's own topology's processes, as session.sentinel_broker (the real one) made them
+    real = session.sentinel_broker
+
+    @contextlib.contextmanager
+    def watched(*args: object):
+        with real(*args) as broker:  # type: ignore[arg-type]
+            pids.extend(p.proc.pid for p in broker.topology.processes if p.proc is not None)
+            yield broker
+
+    monkeypatch.setattr(session, "sentinel_broker", watched)
+    sc = small.replace(jobs=400, job_ms=10, kills=0, fault="sentinel-kill", fault_at=0.8, produce_s=1.0)
+    run = run_designs(sc, ["reliable"], Options()).runs[0]
+    bf, tl, c = run.broker_fault, run.timeline, run.counts
+    assert run.problems == [] and bf is not None and bf.kind == "sentinel-kill" and bf.back_at is not None
+    assert 1.0 <= bf.back_at - bf.at < 30  # the sentinels' own decision: down for DOWN_AFTER_MS first
+    assert tl is not None and any(ex.start > bf.back_at and ex.completed for ex in tl.executions)
+    assert c.lost == c.held_at_fault and c.stranded == 0 and c.unexpected == 0
+    assert len(pids) == 6  # three servers, three sentinels: all gone (a zombie at most, until reaped)
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    with pytest.raises(UsageError, match="Sentinel configuration is not built yet"):
+        run_designs(sc, ["rq"], Options())

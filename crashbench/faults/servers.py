@@ -92,12 +92,18 @@ def _broker(h: History, before: Sections) -> Section:
     return Section("broker", counts=counts)
 
 
+def outage_bands(kinds: tuple[str, ...]) -> Any:
+    """The report's band for these kinds of server fault: from the fault to the server's return."""
+    return _bands(kinds)
+
+
 def _bands(kinds: tuple[str, ...]) -> Any:
     def bands(tl: Timeline) -> list[Band]:
         f = tl.broker_fault
         if f is None or f.kind not in kinds:
             return []
-        what = {"broker-kill": "broker killed", "cluster-partition": "primary cut off"}.get(f.kind, f"broker {f.kind}")
+        what = {"broker-kill": "broker killed", "cluster-partition": "primary cut off",
+                "sentinel-kill": "primary killed"}.get(f.kind, f"broker {f.kind}")  # fmt: skip
         back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
         return [Band(f.at, f.back_at, f.kind, what, f"{what} at {f.at:.3f} s, {back} (held {f.held_at_fault} jobs)")]
 

@@ -32,6 +32,7 @@ from crashbench.faults.broker import Broker
 from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
+from crashbench.faults.sentinel import SentinelBroker
 from crashbench.jobids import JobIds
 from crashbench.model.faults import NetworkFault
 from crashbench.model.queue import Located, Receipts, receipts
@@ -65,7 +66,7 @@ class CrashRun:
         target: RunTarget,
         hooks: RunHooks = NO_HOOKS,
         worker_python: WorkerPython | None = None,
-        broker: Broker | ClusterBroker | None = None,
+        broker: Broker | ClusterBroker | SentinelBroker | None = None,
     ) -> None:
         self.sc, self.target, self.spec, self.broker = scenario, target, target.design, broker
         self.progress, self.warn, self.clock, self.keep_dir = hooks.progress, hooks.warn, hooks.clock, hooks.keep_dir

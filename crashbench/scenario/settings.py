@@ -27,9 +27,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster;
-# eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction)
+# eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction); sentinel-kill:
+# the primary of the run's own Sentinel topology killed, the sentinels fail over (crashbench.faults.sentinel)
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
-                 "cluster-takeover", "cluster-partition", "eviction")  # fmt: skip
+                 "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)
 # before: every job is enqueued before the workers start; during: the producer enqueues them over
