@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -181,6 +181,13 @@ library-scenarios: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-scenarios.md'
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/library_scenarios.py run results/readme/library-scenarios \
 	  --worker-python $(ARQ_PY) --lanes 2
 	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
+
+# docs/findings/sentinel.md's table: the built-in designs under sentinel-kill (a private Sentinel topology's primary
+# SIGKILLed, the sentinels promote a replica on their own), 3 seeds (under a minute); the result in results/readme/sentinel.
+sentinel: $(STAMP)  ## docs/findings/sentinel.md's table (promotion time and loss under a Sentinel failover)
+	rm -rf results/readme/sentinel
+	$(BIN)/crashbench compare -s sentinel-kill --repeat 3 --plain --out results/readme/sentinel
+	$(BIN)/python lab/sentinel_promotion.py results/readme/sentinel
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);

@@ -154,3 +154,20 @@ def test_under_sentinel_kill_the_workers_find_the_promoted_primary_through_the_s
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     with pytest.raises(UsageError, match="Sentinel configuration is not built yet"):
         run_designs(sc, ["rq"], Options())
+
+
+def test_the_sentinel_findings_table_is_the_committed_result_s() -> None:
+    """docs/findings/sentinel.md's table is what lab/sentinel_promotion.py makes of results/readme/sentinel,
+    and its promotion times are the records' own (a sentinel's decision takes its 1 s down-after at least)."""
+    import runpy
+    from pathlib import Path
+
+    from crashbench.report import store
+
+    root = Path(__file__).resolve().parent.parent
+    lab = runpy.run_path(str(root / "lab" / "sentinel_promotion.py"))
+    out = root / "results" / "readme" / "sentinel"
+    doc = (root / "docs" / "findings" / "sentinel.md").read_text()
+    assert "\n".join(line for line in doc.splitlines() if line.startswith("|")) == lab["table"](out)
+    runs = [run for path in sorted(out.glob("*.json")) for run in store.load(str(path)).runs]
+    assert len(runs) == 9 and all(1.0 <= lab["promotion_s"](run) < 30 for run in runs)
