@@ -110,9 +110,11 @@ def test_celery_acks_late_retries_a_crash_job_without_end_until_the_window_ends_
     assert {n for n, rs in runs.items() if any(r.end is None for r in rs)} == crashing
     assert all(n > 3 for n in tries.values()), tries  # past max_attempts: nothing stops it
     assert c.crash_attempts == sum(tries.values())
-    assert c.crash_looping == len(crashing) == c.stranded
-    assert {independent.number(j) for j in run.jobs["stranded"]} == crashing
-    assert c.worker_crashes == 0 and c.lost == 0 and c.done == sc.workload.jobs - len(crashing)
+    # Each crash job is still looping when the window ends (stranded), or, now and then under load (1 of 3
+    # in one suite run beside a CPU hog), Celery lost its message between a death and the requeue: lost.
+    assert c.crash_looping + c.lost == len(crashing) and c.stranded == c.crash_looping > 0
+    assert {independent.number(j) for j in [*run.jobs["stranded"], *run.jobs.get("lost", [])]} == crashing
+    assert c.worker_crashes == 0 and c.done == sc.workload.jobs - len(crashing)
 
 
 @pytest.mark.parametrize(
