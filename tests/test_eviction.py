@@ -147,7 +147,8 @@ def test_rq_s_evicted_ids_and_orphaned_job_hashes_are_counted_not_taken_for_a_co
     alone. An id whose hash went is nothing RQ can run (lost, to eviction); a hash whose list went is held
     by nothing (held at "hash-only"). Both by the ledger and the server's own notifications, read here too;
     the harness's search, which finds those ids in the keys, raises no contradiction (job_of_disagrees)."""
-    sc = load("eviction-allkeys-lru").replace(jobs=300, drain_timeout=3)
+    # 300 jobs of 20 kB: 30 of them waiting outgrow the 512 kB margin, however slowly a loaded machine enqueues.
+    sc = load("eviction-allkeys-lru").replace(jobs=300, payload_bytes=20_000, limit_s=2.0, drain_timeout=3)
     (run,) = run_designs(sc, ["rq"], Options()).runs
     c = run.counts
     assert not run.problems, run.problems
