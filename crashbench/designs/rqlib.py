@@ -255,41 +255,42 @@ class RQQueue(LibraryDesign):
         q = self.qname
         return [f"rq:*:{q}", f"rq:*:{q}-*", f"rq:queue:{q}:*"]
 
-    def _member_job(self, member: bytes, snapshot: Snapshot) -> str | None:
-        """The crashbench job id of a list / registry member, or None when it is not one of this run's
-        jobs or its job hash is gone: RQ then has nothing to run (its dequeue skips the id)."""
-        rq_id = self._rq_member(member)
-        if rq_id is None:
-            return None
-        body = snapshot.keys.get(RQJob.key_for(rq_id))
-        return self._job_id(rq_id) if body is not None and body.type == "hash" else None
-
     def _rq_member(self, member: bytes) -> str | None:
         rq_id = member.decode(errors="replace").split(":")[0]  # rq:wip entries are "<job>:<execution>"
         return rq_id if rq_id.startswith(f"{self.qname}-") else None
 
-    def _members(self, key: str, snapshot: Snapshot) -> list[str]:
-        """The crashbench job ids a list / registry holds (see _member_job), one per member."""
+    def _members(self, key: str, snapshot: Snapshot, found: Located) -> list[str]:
+        """The crashbench job ids a list / registry holds, one per member of this run's. A member whose job
+        hash is gone (evicted, expired) is nothing RQ can run (its dequeue skips the id): recorded void in
+        `found` (lost unless done; the harness's search, which finds the id there, knows why)."""
         stored = snapshot.keys.get(key)
-        jobs = (self._member_job(m, snapshot) for m in (stored.items if stored is not None else ()))
-        return [j for j in jobs if j is not None]
+        jobs = []
+        for member in stored.items if stored is not None else ():
+            if (rq_id := self._rq_member(member)) is None:
+                continue
+            body = snapshot.keys.get(RQJob.key_for(rq_id))
+            if body is not None and body.type == "hash":
+                jobs.append(self._job_id(rq_id))
+            else:
+                found.add(self._job_id(rq_id), key, "void")
+        return jobs
 
     def locate(self, snapshot: Snapshot) -> Located:
         found = Located()
-        started = self._members(StartedJobRegistry(queue=self.queue).key, snapshot)
-        intermediate = self._members(self.queue.intermediate_queue_key, snapshot)
+        started = self._members(StartedJobRegistry(queue=self.queue).key, snapshot, found)
+        intermediate = self._members(self.queue.intermediate_queue_key, snapshot, found)
         # A started job still in the intermediate list is between the worker's registration of its
         # execution and its horse's first MULTI: one holding, which RQ's cleanup leaves to the started
         # registry (see the module's docstring). Any other intermediate entry is a place of its own.
         transition = set(started) & set(intermediate)
-        for job in self._members(self.queue.key, snapshot):
+        for job in self._members(self.queue.key, snapshot, found):
             found.add(job, "queue")
         for job in intermediate:
             if job not in transition:
                 found.add(job, "intermediate")
         for job in started:
             found.add(job, "started:intermediate" if job in transition else "started")
-        for job in self._members(ScheduledJobRegistry(queue=self.queue).key, snapshot):
+        for job in self._members(ScheduledJobRegistry(queue=self.queue).key, snapshot, found):
             found.add(job, "scheduled", "delayed")
         # The failed registry is RQ's record of the failure itself, kept failure_ttl (a year by
         # default): it counts whether or not the job hash is still there.
@@ -302,20 +303,8 @@ class RQQueue(LibraryDesign):
         for member in finished.items if finished is not None else ():
             if (rq_id := self._rq_member(member)) is not None:
                 found.add(self._job_id(rq_id), "finished", "succeeded")
-        self._void(found, snapshot)
         self._hash_only(found, snapshot)
         return found
-
-    def _void(self, found: Located, snapshot: Snapshot) -> None:
-        """Ids a list or registry still names whose job hash is gone (evicted, expired): RQ skips them,
-        nothing can run them again; they count as lost, and the harness's search knows why."""
-        for key in (self.queue.key, self.queue.intermediate_queue_key, StartedJobRegistry(queue=self.queue).key,
-                    ScheduledJobRegistry(queue=self.queue).key):  # fmt: skip
-            stored = snapshot.keys.get(key)
-            for member in stored.items if stored is not None else ():
-                rq_id = self._rq_member(member)
-                if rq_id is not None and self._member_job(member, snapshot) is None:
-                    found.add(self._job_id(rq_id), key, "void")
 
     def _hash_only(self, found: Located, snapshot: Snapshot) -> None:
         """A job hash no list or registry names (an eviction took the list, say): RQ never runs it, and
