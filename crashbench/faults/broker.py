@@ -63,9 +63,8 @@ class Broker:
         self._promote(self.replica)
 
     def pause_writes(self, ms: int = 2000) -> None:
-        """Every client's writes wait (CLIENT PAUSE WRITE, reads go on) for at most `ms`: the reading
-        taken next is a snapshot. Called just before the server's fault, which ends the pause."""
-        _command(self.primary.url, "CLIENT", "PAUSE", ms, "WRITE")
+        """Every client's writes wait on the primary (crashbench.faults.broker.pause_writes)."""
+        pause_writes(self.primary.url, ms)
 
     def sync_replica(self) -> None:
         """Until the replica confirms every write the primary acknowledged so far (the harness's own
@@ -124,6 +123,12 @@ class ReplicaCut:
             self.producer.lagging = True
             self.done = True
         return due if self.at is None else max(due, self.at + self.lag)
+
+
+def pause_writes(url: str, ms: int = 2000) -> None:
+    """Every client's writes to the server at `url` wait (CLIENT PAUSE WRITE, reads go on) for at most
+    `ms`: the reading taken next is a snapshot. Called just before the server's fault, which ends the pause."""
+    _command(url, "CLIENT", "PAUSE", ms, "WRITE")
 
 
 def _command(url: str, *args: str | int) -> None:

@@ -32,6 +32,7 @@ import redis
 from crashbench.control import workdirs
 from crashbench.control.sentinel import MASTER_NAME, SentinelTopology, sentinel_topology
 from crashbench.faults import servers
+from crashbench.faults.broker import pause_writes
 from crashbench.faults.family import Driver, Entry, FaultFamily
 from crashbench.model.faults import BrokerFaultRecord, Fault
 from crashbench.model.spec import Scenario
@@ -105,11 +106,7 @@ class SentinelFaults:
     def step(self, now: float) -> None:
         if self.record is None and now >= self.t0 + self.fault.at:
             primary = self.broker.topology.primary
-            client = redis.Redis.from_url(primary.url, socket_timeout=5)
-            try:  # the harness's reading as the primary dies is a snapshot: every client's writes wait
-                client.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
-            finally:
-                client.close()
+            pause_writes(primary.url)  # the harness's reading as the primary dies is a snapshot
             self.held_at_fault = held = set(self.locate().held)
             now = self.clock()
             self.record = BrokerFaultRecord(

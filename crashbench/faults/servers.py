@@ -94,10 +94,7 @@ def _broker(h: History, before: Sections) -> Section:
 
 def outage_bands(kinds: tuple[str, ...]) -> Any:
     """The report's band for these kinds of server fault: from the fault to the server's return."""
-    return _bands(kinds)
 
-
-def _bands(kinds: tuple[str, ...]) -> Any:
     def bands(tl: Timeline) -> list[Band]:
         f = tl.broker_fault
         if f is None or f.kind not in kinds:
@@ -119,7 +116,7 @@ BROKER = FaultFamily(
     keys=KEYS,
     section=_section(("broker-kill", "failover")),
     checkers=(_broker,),
-    bands=_bands(("broker-kill", "failover")),
+    bands=outage_bands(("broker-kill", "failover")),
     css=CSS,
     fields=fields,
     on_server=True,
@@ -133,7 +130,7 @@ CLUSTER = FaultFamily(
     keys=CLUSTER_KEYS,
     section=_section(CLUSTER_KINDS),
     checkers=(_broker,),
-    bands=_bands(CLUSTER_KINDS),
+    bands=outage_bands(CLUSTER_KINDS),
     fields=fields,
     on_server=True,
     driver=_driver(on_cluster=True, kinds=CLUSTER_KINDS),
