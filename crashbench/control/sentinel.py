@@ -64,6 +64,7 @@ class SentinelTopology:
         self.primary = EmbeddedServer(binary)
         self.replicas: list[EmbeddedServer] = []
         self.sentinels: list[EmbeddedSentinel] = []
+        self._asking: dict[int, redis.Redis] = {}  # one connection per sentinel, kept: asked every tick of an outage
 
     @property
     def servers(self) -> list[EmbeddedServer]:
@@ -97,17 +98,20 @@ class SentinelTopology:
     def primary_address(self) -> tuple[str, int]:
         """The primary the sentinels name now (the first that answers), as a Sentinel client asks for it."""
         for sentinel in self.sentinels:
-            client = redis.Redis.from_url(sentinel.url, decode_responses=True, socket_timeout=2)
+            client = self._asking.get(sentinel.port)
+            if client is None:
+                client = redis.Redis.from_url(sentinel.url, decode_responses=True, socket_timeout=2)
+                self._asking[sentinel.port] = client
             try:
                 host, port = client.sentinel_get_master_addr_by_name(MASTER_NAME)
                 return str(host), int(port)
             except (redis.ConnectionError, redis.TimeoutError, TypeError):
                 continue  # a killed sentinel; None when it does not know the name
-            finally:
-                client.close()
         raise ServerUnavailable("no sentinel of the topology answers")
 
     def stop(self) -> None:
+        for client in self._asking.values():
+            client.close()
         for process in reversed(self.processes):  # the sentinels first: none fails over a primary being stopped
             process.stop()
 
