@@ -32,7 +32,7 @@ from crashbench.faults.broker import Broker
 from crashbench.faults.cluster import ClusterBroker
 from crashbench.faults.family import Driver
 from crashbench.faults.injector import WorkerFaults
-from crashbench.faults.sentinel import SentinelBroker
+from crashbench.faults.sentinel.broker import SentinelBroker
 from crashbench.jobids import JobIds
 from crashbench.model.faults import NetworkFault
 from crashbench.model.queue import Located, Receipts, receipts

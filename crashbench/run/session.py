@@ -23,7 +23,7 @@ from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
-from crashbench.faults.sentinel import sentinel_broker
+from crashbench.faults.sentinel.broker import sentinel_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.model.results import Result, new_id, now_iso, summarize
 from crashbench.model.sections import FIELDS
