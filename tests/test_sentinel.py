@@ -110,15 +110,112 @@ def test_a_sentinel_url_that_cannot_be_read_says_what_is_wrong_without_its_passw
     assert "pw" not in str(err.value)
 
 
-def test_a_run_on_a_sentinel_url_is_refused_in_one_line_for_now() -> None:
+def _asked(topo: object) -> int:
+    """Connections the topology's sentinels have received (a sentinel keeps no commandstats): a Sentinel
+    client opens one to ask for the primary; the harness reads the primary directly. This reading's own
+    connections included."""
+    total = 0
+    for sentinel in topo.sentinels:  # type: ignore[attr-defined]
+        client = redis.Redis.from_url(sentinel.url, decode_responses=True)
+        try:
+            total += int(client.info("stats")["total_connections_received"])
+        finally:
+            client.close()
+    return total
+
+
+def test_with_sentinel_a_session_runs_on_a_private_topology_whose_workers_ask_the_sentinels(
+    small: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sentinel (broker.topology = "sentinel"): the session's server is a topology's primary, the
+    workers are told only the sentinels (they ask them: the sentinels count it), nothing outlives it."""
+    from crashbench.control.sentinel import SentinelTopology
+    from crashbench.run.session import Options, run_designs
+
+    asked: list[int] = []
+    pids: list[int] = []
+    real_start, real_stop = SentinelTopology.start, SentinelTopology.stop
+
+    def start(self: SentinelTopology) -> None:  # the real start, then what the sentinels were asked until then
+        real_start(self)
+        asked.append(-_asked(self))
+
+    def stop(self: SentinelTopology) -> None:  # the real stop, after reading what the sentinels were asked
+        asked[0] += _asked(self) - len(self.sentinels)  # less this reading's own
+        pids.extend(p.proc.pid for p in self.processes if p.proc is not None)
+        real_stop(self)
+
+    monkeypatch.setattr(SentinelTopology, "start", start)
+    monkeypatch.setattr(SentinelTopology, "stop", stop)
+    result = run_designs(small.replace(topology="sentinel", jobs=200, kills=2), ["reliable"], Options())
+    run = result.runs[0]
+    assert result.environment.server_mode == "sentinel" and "redis+sentinel://" in result.environment.server_url
+    assert run.problems == [] and run.counts.done == 200 and run.counts.lost == 0
+    assert asked and asked[0] >= small.workload.workers + 2  # every worker, the two restarted after kills too
+    assert len(pids) == 6 and not [pid for pid in pids if _alive(pid)]
+
+
+def test_an_external_sentinel_by_url_is_followed_and_left_running_untouched_outside_the_namespace(
+    small: Scenario,
+) -> None:
+    """--redis-url redis+sentinel://...: the harness reads the primary the sentinels name, the workers ask
+    the sentinels; a key of someone else's is still there after, and every process of theirs still runs."""
+    from crashbench.run.session import Options, run_designs
+
+    with sentinel_topology() as topo:
+        mine = redis.Redis.from_url(topo.primary.url)
+        mine.set("not-crashbench", "kept")
+        before = _asked(topo)
+        result = run_designs(small.replace(jobs=200, kills=2), ["reliable"], Options(redis_url=topo.url))
+        run = result.runs[0]
+        assert result.environment.server_mode == "external-sentinel"
+        assert run.problems == [] and run.counts.done == 200 and run.counts.lost == 0
+        assert _asked(topo) - before - len(topo.sentinels) >= small.workload.workers
+        assert mine.get("not-crashbench") == b"kept" and mine.keys("crashbench:*") == []
+        mine.close()
+        assert all(_alive(p.proc.pid) for p in topo.processes if p.proc is not None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--redis-url", "redis+sentinel://:pw@127.0.0.1:1/m", "--broker-fault", "broker-kill"], "not on a Sentinel"),
+        (["--redis-url", "redis+sentinel://:pw@127.0.0.1:1/m", "--broker-fault", "sentinel-kill"], "only to a server"),
+        (["--sentinel", "--broker-fault", "failover"], "not on a Sentinel topology"),
+        (["--sentinel", "--cluster", "3"], "give one of them"),
+        (["--sentinel", "--topology", "single"], "give one of them"),
+        (["--sentinel", "--network", "toxic=down,at=1,duration=1"], "not behind Sentinel"),
+        (["--broker-fault", "sentinel-kill", "--network", "toxic=down,at=1,duration=1"], "cannot be combined"),
+        (["--sentinel", "--persistence", "aof-always"], "run without it"),
+        (["--sentinel", "--redis-url", "redis://127.0.0.1:1"], "give one of them"),
+    ],
+)
+def test_what_a_sentinel_topology_cannot_do_is_refused_in_one_line(args: list[str], message: str) -> None:
     from click.testing import CliRunner
 
     from crashbench.cli import cli
     from crashbench.errors import ExitCode
 
-    got = CliRunner().invoke(cli, ["run", "--redis-url", "redis+sentinel://:pw@127.0.0.1:1/m", "--plain"])
-    assert got.exit_code == ExitCode.USAGE and "not supported yet" in got.output
-    assert "Traceback" not in got.output and "pw" not in got.output
+    got = CliRunner().invoke(cli, ["run", *args, "--plain"])
+    assert got.exit_code == ExitCode.USAGE and message in got.output, got.output
+    assert "Traceback" not in got.output and ":pw@" not in got.output
+
+
+def test_sentinels_that_do_not_answer_are_one_line_without_the_password() -> None:
+    from click.testing import CliRunner
+
+    from crashbench.cli import cli
+    from crashbench.errors import ExitCode
+
+    got = CliRunner().invoke(
+        cli, ["run", "--plain"], env={"CRASHBENCH_REDIS_URL": "redis+sentinel://:s3cret@127.0.0.1:1/m"}
+    )
+    assert got.exit_code == ExitCode.SERVER_UNAVAILABLE and "names a primary" in got.output, got.output
+    assert "Traceback" not in got.output and "s3cret" not in got.output
+
+
+def _alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
 def test_under_sentinel_kill_the_workers_find_the_promoted_primary_through_the_sentinels(

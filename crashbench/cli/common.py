@@ -116,6 +116,13 @@ CLUSTER = click.option(
     help="Start a private Redis Cluster of N primaries (with --cluster-replicas replicas each) instead of the "
     "embedded server. An external cluster: --redis-url redis+cluster://host:port (docs/how-to/cluster.md).",
 )
+SENTINEL = click.option(
+    "--sentinel",
+    is_flag=True,
+    help="Start a private Sentinel topology (a primary, two replicas, three sentinels) instead of the embedded "
+    "server; the workers find the primary through the sentinels (--topology sentinel). An external one: "
+    "--redis-url redis+sentinel://host:port[,host:port]/master-name (docs/how-to/sentinel.md).",
+)
 CLUSTER_REPLICAS = click.option(
     "--cluster-replicas",
     type=click.IntRange(min=0),
@@ -135,6 +142,7 @@ WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     SERVER,
     CLUSTER,
     CLUSTER_REPLICAS,
+    SENTINEL,
     click.option("--worker-python", multiple=True, metavar="[LIB=]PATH", help="Run workers under this Python interpreter (a library that cannot share crashbench's environment, or your application's own versions); it needs redis-py and the design's library. LIB=PATH: only that library's designs (e.g. arq=venv/bin/python), so one compare can hold them all. Repeatable."),
     click.option("--keep", is_flag=True, help="Keep the run's keys (--redis-url) and its work directory (ledger, worker logs)."),
     OUT,
@@ -182,7 +190,12 @@ def parse_thresholds(rules: Sequence[str]) -> tuple[Threshold, ...]:
 
 def build_scenario(opts: dict[str, Any]) -> Scenario:
     base = scenarios.load(opts["scenario_name"])
-    sc = with_overrides(base, **{field: opts[field] for _, field, _, _ in OVERRIDES})
+    given = {field: opts[field] for _, field, _, _ in OVERRIDES}
+    if opts.get("sentinel"):
+        if given.get("topology") not in (None, "sentinel"):
+            raise UsageError(f"--sentinel and --topology {given['topology']}: give one of them")
+        given["topology"] = "sentinel"
+    sc = with_overrides(base, **given)
     entries = []
     for text in opts.get("network", ()):
         try:
@@ -288,6 +301,10 @@ def execute(
     """Build the scenario (unless given), run `start` with live progress on a terminal, report, exit."""
     given = prepare(opts, baseline)
     sc = scenario or build_scenario(opts)
+    if scenario is not None and opts.get(
+        "sentinel"
+    ):  # a replay's scenario is the result's, on a topology of --sentinel's
+        sc = with_overrides(sc, topology="sentinel")
     as_json: bool = opts["as_json"]
     terminal = err.is_terminal and not as_json and not opts["plain"]
     live = Live(console=err, auto_refresh=False, transient=True) if terminal else None

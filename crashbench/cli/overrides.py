@@ -20,6 +20,7 @@ from crashbench.scenario import (
     PERSISTENCE,
     PRODUCE,
     STREAM_TRIM,
+    TOPOLOGY,
 )
 
 
@@ -87,6 +88,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--wait-ms", "wait_ms", int, "... at most this many ms; later is indeterminate (broker.wait_ms)."),
     ("--replica-lag", "replica_lag", FINITE, "Failover: the replica stops following the primary this many s before it dies (broker.replica_lag)."),
     ("--failover-address", "failover_address", click.Choice(FAILOVER_ADDRESS), "Failover: new (clients told the replica's address) or kept (the replica takes the primary's port, as a managed endpoint does: library workers follow) (broker.failover_address)."),
+    ("--topology", "topology", click.Choice(TOPOLOGY), "The servers: single, or sentinel (a private primary, two replicas and three sentinels; the workers are told only the sentinels, as an application configured with Sentinel is; --sentinel says the same) (broker.topology)."),
     ("--drain-timeout", "drain_timeout", FINITE, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
     ("--app", "app", str, "Your own app under the library adapter --design names, as module:attr (a Celery app, arq WorkerSettings, a taskiq-redis broker, saq settings; for RQ a module): crashbench swaps in the run's server only (app.app)."),
     ("--task", "task", str, "The task of --app to enqueue: its registered name (Celery, taskiq), a function of the module (RQ) or of the settings (arq, saq) (app.task)."),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -73,7 +73,7 @@ def parse_sentinel(url: str) -> SentinelURL:
         raise ValueError("no master name: redis+sentinel://host:port[,host:port]/master-name[/db]")
     if db and not db.isdigit():
         raise ValueError(f"the database must be a number, not {db!r}")
-    password = creds.partition(":")[2] or None if creds else None
+    password = unquote(creds.partition(":")[2]) or None if creds else None  # percent-encoded, as in redis://
     return SentinelURL(tuple(sentinels), master, int(db or 0), password)
 
 
@@ -127,6 +127,24 @@ def sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
     timeouts = {k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
     sentinel = Sentinel(list(parts.sentinels), sentinel_kwargs=timeouts, **timeouts)
     return sentinel.master_for(parts.master, db=parts.db, password=parts.password, **kwargs)
+
+
+def sentinel_primary_url(url: str) -> str:
+    """The primary the sentinels of a `redis+sentinel://` URL name now, as a plain `redis://` URL with the
+    URL's password and database (for the harness, which reads that primary itself). redis-py's errors as
+    they come: MasterNotFoundError when no sentinel answers or none knows the name."""
+    from redis.sentinel import Sentinel
+
+    parts = parse_sentinel(url)
+    timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+    sentinel = Sentinel(list(parts.sentinels), sentinel_kwargs=timeouts, **timeouts)
+    try:
+        host, port = sentinel.discover_master(parts.master)
+    finally:
+        for client in sentinel.sentinels:
+            client.close()
+    auth = f":{quote(parts.password, safe='')}@" if parts.password else ""
+    return f"redis://{auth}{host}:{port}/{parts.db}"
 
 
 def node_for(url: str, key: str, **kwargs: Any) -> redis.Redis:

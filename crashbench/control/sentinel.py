@@ -78,6 +78,12 @@ class SentinelTopology:
     def sentinel_addresses(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", s.port) for s in self.sentinels]
 
+    @property
+    def url(self) -> str:
+        """What a client configured with Sentinel is told: the sentinels and the master's name."""
+        hosts = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
+        return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+
     def start(self) -> None:
         self.primary.start()
         for _ in range(2):

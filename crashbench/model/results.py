@@ -200,7 +200,8 @@ class Environment:
     server_name: str
     server_version: str
     server_binary: str | None
-    server_mode: str  # "embedded" | "external" | "cluster" (embedded) | "external-cluster"
+    # "embedded" | "external" | "cluster" (embedded) | "external-cluster" | "sentinel" | "external-sentinel"
+    server_mode: str
     commit: str | None
     dirty: bool | None
     libraries: dict[str, str] = field(default_factory=dict)  # queue library -> version, where workers import it

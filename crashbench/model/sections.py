@@ -91,6 +91,10 @@ class BrokerSpec:
     # do not); "kept": the promoted replica takes over the primary's address, as a managed endpoint or a virtual
     # IP does, so every client finds it by reconnecting to the address it had
     failover_address: str = "new"
+    # the servers: "single" (one, and a replica for a failover) or "sentinel" (a primary, two replicas and three
+    # sentinels: crashbench.control.sentinel; crashbench's own workers are told only the sentinels). A sentinel
+    # fault gives its run a private topology of its own whatever this says.
+    topology: str = "single"
     # eviction (crashbench.faults.eviction): at fault_at, CONFIG SET maxmemory and maxmemory-policy for limit_s
     maxmemory: int | str = "used+1mb"  # bytes, "64mb", or "used+2mb": the server's used_memory then, plus a margin
     maxmemory_policy: str = "allkeys-lru"  # Redis's maxmemory-policy while the limit holds

@@ -110,7 +110,8 @@ class CrashRun:
         (crashbench.run.harness). A worker connects through the proxy, or from its slot's namespace,
         when the run has network faults (self.net, started before the first worker)."""
         workers = Workers(
-            url=lambda slot: self.net.worker_url(url, slot), enter=lambda slot: self.net.enter(slot),
+            url=lambda slot: self.net.worker_url(url, slot) or self.target.workers_url or None,
+            enter=lambda slot: self.net.enter(slot),
             python=worker_python, url_file=str(self.broker.url_file) if self.broker else None,
         )  # fmt: skip
         settings, workload = self.sc.settings(self.spec), self.sc.workload_model()

@@ -15,7 +15,7 @@ from importlib import metadata
 
 import redis
 
-from crashbench.control import workdirs
+from crashbench.control import connect, workdirs
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.provision import open_server
 from crashbench.control.server import cleanup_keys
@@ -23,6 +23,7 @@ from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
+from crashbench.faults.sentinel import FAMILY as SENTINEL
 from crashbench.faults.sentinel.broker import sentinel_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.model.results import Result, new_id, now_iso, summarize
@@ -126,9 +127,10 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
-        if broker.fault == "sentinel-kill" and cls.own_worker:
+        on_sentinel = broker.fault in SENTINEL.kinds or broker.topology == "sentinel" or _sentinel_url(options)
+        if on_sentinel and cls.own_worker:
             raise UsageError(
-                f"{spec} under sentinel-kill: a library's own Sentinel configuration is not built yet",
+                f"{spec} behind Sentinel: a library's own Sentinel configuration is not built yet",
                 hint="run a built-in design (naive, reliable, stream, ...) under it",
             )
         if broker.fault == "failover" and cls.own_worker and broker.failover_address == "new":
@@ -194,6 +196,34 @@ def _check_cluster(plan: Plan) -> None:
             raise UsageError(f"persistence {broker.persistence}: the cluster's nodes run without persistence")
 
 
+def _sentinel_url(options: Options) -> bool:
+    return bool(options.redis_url) and connect.is_sentinel(options.redis_url or "")
+
+
+def _check_sentinel(plan: Plan, options: Options) -> None:
+    """Behind Sentinel (--sentinel, or a redis+sentinel:// URL), the workers find the primary through the
+    sentinels: a fault of one server's (its kill, its failover, an address a proxy stands in front of) is
+    not one of the topology's; a sentinel fault gets a private topology of its own."""
+    for scenario, _, _ in plan:
+        broker = scenario.broker
+        network = any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule)
+        topology = broker.topology == "sentinel" or _sentinel_url(options)
+        if options.cluster is not None and (topology or broker.fault in SENTINEL.kinds):
+            raise UsageError("a Sentinel topology and --cluster: give one of them")
+        if topology and broker.fault not in ("none", *SENTINEL.kinds):
+            raise UsageError(
+                f"a broker fault ({broker.fault}) acts on one server of crashbench's, not on a Sentinel topology",
+                hint="a sentinel fault (sentinel-kill, ...) gives its run a topology of its own",
+            )
+        if network and (topology or broker.fault in SENTINEL.kinds):
+            raise UsageError(
+                "network faults stand in front of one server's address, and the sentinels name the primary's own: "
+                "not behind Sentinel yet"
+            )
+        if broker.topology == "sentinel" and broker.persistence != "none":
+            raise UsageError(f"persistence {broker.persistence}: the Sentinel topology's servers run without it")
+
+
 def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence[Threshold]) -> None:
     # Without run.designs the scenario is meant for what compare runs by default, the built-ins.
     check_targets(run_names, scenario.run.designs or BUILTIN_ORDER, scenario.expect, given)
@@ -202,6 +232,7 @@ def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
     _check_cluster_faults(plan, options.cluster)
+    _check_sentinel(plan, options)
     libraries = _check_designs(plan, options)
     if options.cluster is not None:
         _check_cluster(plan)
@@ -246,8 +277,9 @@ def _run_on_server(
     run_id = secrets.token_hex(4)
     # A cut needs the cluster's bus behind the proxy from the start (crashbench.control.cluster).
     partitionable = any(scenario.broker.fault == "cluster-partition" for scenario, _, _ in plan)
+    on_sentinel = base.broker.topology == "sentinel"
     server_args = (options.redis_url, options.server_binary, base.broker.persistence, options.cluster, partitionable)
-    with open_server(*server_args) as (server, embedded_cluster):
+    with open_server(*server_args, on_sentinel) as (server, embedded_cluster):
         if server.cluster:  # an external one is known for one only now
             _check_cluster(plan)
         for python in pythons.values():  # an exec'd worker gets the URL in its environment, never argv
@@ -263,7 +295,7 @@ def _run_on_server(
                             # The session's cluster, its run's shard faulted and healed again after
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
-                        elif fault == "sentinel-kill":  # a private Sentinel topology per run
+                        elif fault in SENTINEL.kinds:  # a private Sentinel topology per run
                             broker = own.enter_context(sentinel_broker(options.server_binary))
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
@@ -273,6 +305,7 @@ def _run_on_server(
                         target = RunTarget(
                             spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
                             external=server.external and broker is None,
+                            workers_url=server.workers_url if broker is None else "",
                         )  # fmt: skip
                         sc = with_overrides(scenario, seed=scenario.faults.seed + repeat)
                         python = options.python_for(load_design(spec).library)

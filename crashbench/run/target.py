@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from crashbench.control.stopflag import StopFlag
 from crashbench.run.progress import Progress
@@ -24,6 +24,9 @@ class RunTarget:
     variant: str = ""  # a sweep's value ("stale_after=2"), else ""
     repeat: int = 0
     external: bool = False  # a server crashbench did not start: the run's keys get a lease
+    # behind Sentinel, what the workers are told (a redis+sentinel:// URL: they find the primary themselves),
+    # while `url` is the primary the harness reads; "": `url`. Secret, as `url` is.
+    workers_url: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from crashbench.scenario.settings import SECTIONS as SECTIONS
 from crashbench.scenario.settings import SHARE as SHARE
 from crashbench.scenario.settings import STREAM_TRIM as STREAM_TRIM
 from crashbench.scenario.settings import SWEEPABLE as SWEEPABLE
+from crashbench.scenario.settings import TOPOLOGY as TOPOLOGY
 from crashbench.scenario.settings import Bound as Bound
 
 MAX_SCHEDULE_S = 86_400  # no duration of a run's schedule may exceed a day

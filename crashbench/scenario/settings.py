@@ -22,7 +22,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
               "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag",
-               "failover_address", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s"),
+               "failover_address", "topology", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s"),
     "run": ("drain_timeout", "designs"),
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
@@ -32,6 +32,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
                  "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)
 # before: every job is enqueued before the workers start; during: the producer enqueues them over
 # broker.produce_s seconds while the workers run (as it does with a broker fault)
@@ -96,12 +97,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kill_when": KILL_WHEN,
     "kill_target": KILL_TARGETS, "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE,
     "stream_trim": STREAM_TRIM, "maxmemory_policy": POLICIES, "fill": FILLS,
-    "failover_address": FAILOVER_ADDRESS,
+    "failover_address": FAILOVER_ADDRESS, "topology": TOPOLOGY,
 }  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
     if name not in ("job_dist", "crash_how", "job_work", "signal", "kill_when", "designs", "kill_target", "fault",
-                    "persistence", "produce", "stream_trim", "failover_address")
+                    "persistence", "produce", "stream_trim", "failover_address", "topology")
 )  # fmt: skip

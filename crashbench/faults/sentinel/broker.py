@@ -11,7 +11,7 @@ from pathlib import Path
 import redis
 
 from crashbench.control import workdirs
-from crashbench.control.sentinel import MASTER_NAME, SentinelTopology, sentinel_topology
+from crashbench.control.sentinel import SentinelTopology, sentinel_topology
 
 
 class SentinelBroker:
@@ -20,8 +20,7 @@ class SentinelBroker:
     def __init__(self, topology: SentinelTopology, url_file: Path) -> None:
         self.topology = topology
         self.url_file = url_file
-        hosts = ",".join(f"{host}:{port}" for host, port in topology.sentinel_addresses)
-        self.sentinel_url = f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+        self.sentinel_url = topology.url
         url_file.write_text(self.sentinel_url)
         self.primary = topology.primary_address()
 
