@@ -64,9 +64,11 @@ def _run(name: str, binary: str, **overrides: Any) -> Any:
 def test_allkeys_lru_evicts_the_queue_and_every_lost_job_is_counted_lost_to_eviction(
     binary: str, evicted: list[str]
 ) -> None:
-    # 20 kB payloads and a 2 s limit: the backlog outgrows the margin on a loaded machine too, whose slowed
-    # producer the workers otherwise keep up with (the shipped 2 kB: nothing evicted, once, beside a CPU hog).
-    run = _run("eviction-allkeys-lru", binary, payload_bytes=20_000, limit_s=2.0)
+    # 20 kB payloads, a 2 s limit, and enqueues over 2 s: the backlog outgrows the margin on a loaded machine
+    # too, whose slowed producer the workers otherwise keep up with (the shipped 2 kB: nothing evicted, once,
+    # beside a CPU hog), and whose late tick would otherwise let the producer enqueue everything (it catches up
+    # on what is due before the limit is set, in the same tick) before the 0.5 s of producing were over.
+    run = _run("eviction-allkeys-lru", binary, payload_bytes=20_000, limit_s=2.0, produce_s=2.0)
     c = run.counts
     # The test's own reading of the server: the naive queue's one list went, each time with its jobs.
     mine = [k for k in evicted if not k.startswith(NEIGHBOUR)]
@@ -149,8 +151,11 @@ def test_rq_s_evicted_ids_and_orphaned_job_hashes_are_counted_not_taken_for_a_co
     alone. An id whose hash went is nothing RQ can run (lost, to eviction); a hash whose list went is held
     by nothing (held at "hash-only"). Both by the ledger and the server's own notifications, read here too;
     the harness's search, which finds those ids in the keys, raises no contradiction (job_of_disagrees)."""
-    # 300 jobs of 20 kB: 30 of them waiting outgrow the 512 kB margin, however slowly a loaded machine enqueues.
-    sc = load("eviction-allkeys-lru").replace(jobs=300, payload_bytes=20_000, limit_s=2.0, drain_timeout=3)
+    # 300 jobs of 20 kB: 30 of them waiting outgrow the 512 kB margin, however slowly a loaded machine enqueues;
+    # enqueued over 2 s, so that a late tick of a loaded machine's loop leaves some to enqueue under the limit.
+    sc = load("eviction-allkeys-lru").replace(
+        jobs=300, payload_bytes=20_000, limit_s=2.0, produce_s=2.0, drain_timeout=3
+    )
     (run,) = run_designs(sc, ["rq"], Options()).runs
     c = run.counts
     assert not run.problems, run.problems
