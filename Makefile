@@ -182,11 +182,13 @@ library-scenarios: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-scenarios.md'
 	  --worker-python $(ARQ_PY) --lanes 2
 	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
 
-# docs/findings/sentinel.md's table: the built-in designs under sentinel-kill (a private Sentinel topology's primary
-# SIGKILLed, the sentinels promote a replica on their own), 3 seeds (under a minute); the result in results/readme/sentinel.
-sentinel: $(STAMP)  ## docs/findings/sentinel.md's table (promotion time and loss under a Sentinel failover)
+# docs/findings/sentinel.md's table: the built-in designs under the sentinel faults (a private Sentinel topology per
+# run: its primary SIGKILLed, after two of its sentinels or under running handlers), 3 seeds each (about 3 minutes);
+# the results in results/readme/sentinel.
+sentinel: $(STAMP)  ## docs/findings/sentinel.md's table (promotion time, workers' resume and loss under Sentinel's faults)
 	rm -rf results/readme/sentinel
-	$(BIN)/crashbench compare -s sentinel-kill --repeat 3 --plain --out results/readme/sentinel
+	for s in sentinel-kill sentinel-quorum sentinel-midjob; do \
+		$(BIN)/crashbench compare -s $$s --repeat 3 --plain --out results/readme/sentinel || exit $$?; done
 	$(BIN)/python lab/sentinel_promotion.py results/readme/sentinel
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)

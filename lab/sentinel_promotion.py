@@ -1,7 +1,9 @@
-"""docs/findings/sentinel.md's table: the built-in designs under `sentinel-kill` (the primary of a private
-Sentinel topology SIGKILLed; the sentinels promote a replica on their own), one row per design over the
-result's repeats: the promotion time (the broker fault record's back_at - at: from the kill until a
-sentinel first named another primary), and what the run lost, refused and ran twice.
+"""docs/findings/sentinel.md's table: the built-in designs under the sentinel faults (a private Sentinel
+topology per run; the sentinels promote a replica on their own), one row per scenario and design over the
+result's repeats: the promotion time (the broker fault record's back_at, from the kill, or for a lost quorum
+from the killed sentinels' return), the slowest worker's first job after the promotion (the record's
+slot_resume_ms: each worker found the new primary through the sentinels itself), and what the run lost,
+refused and ran twice.
 
     python lab/sentinel_promotion.py results/readme/sentinel
 """
@@ -17,32 +19,52 @@ from crashbench.report import store
 
 
 def promotion_s(run: DesignRun) -> float:
+    """From the kill (from the sentinels' return, when the quorum was lost) to the promotion."""
     bf = run.broker_fault
     if bf is None or bf.back_at is None:
         raise ValueError(f"{run.design} (seed {run.seed}): no promotion in its record")
-    return bf.back_at - bf.at
+    return bf.back_at - (bf.quorum_back_at if bf.quorum_back_at is not None else bf.at)
+
+
+def slowest_resume_s(run: DesignRun) -> float | None:
+    """The last worker slot's first handler start after the promotion (None: one never started one)."""
+    times = run.broker_fault.slot_resume_ms if run.broker_fault is not None else []
+    return max(times) / 1000 if times and None not in times else None  # type: ignore[type-var]
 
 
 def _spread(values: list[int]) -> str:
     return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
 
 
+def _median(values: list[float | None]) -> str:
+    if any(v is None for v in values):
+        return "never (a worker)"
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.2f} s ({min(known):.2f}-{max(known):.2f})"
+
+
 def table(directory: Path) -> str:
-    runs: dict[str, list[DesignRun]] = {}
+    runs: dict[tuple[str, str], list[DesignRun]] = {}
     for path in sorted(directory.glob("*.json")):
-        for run in store.load(str(path)).runs:
-            runs.setdefault(run.design, []).append(run)
+        result = store.load(str(path))
+        for run in result.runs:
+            assert run.broker_fault is not None, f"{path}: a run without a sentinel fault"
+            runs.setdefault((str(result.scenario["name"]), run.design), []).append(run)
     lines = [
-        "| design | runs | promotion, median (min-max) | lost | held at the kill, never done | enqueues refused "
-        "(indeterminate) | acks lost (ran again) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| scenario | design | runs | promotion, median (min-max) | slowest worker back after it | lost | "
+        "held at the kill, never done | enqueues refused | acks lost (ran again) | mid-job at the kill, ran again | "
+        "stuck workers |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for design, rs in runs.items():
-        times = [promotion_s(r) for r in rs]
+    for (scenario, design), rs in runs.items():
+        c = [r.counts for r in rs]
+        mid = f"{_spread([x.mid_job_at_fault for x in c])}, {_spread([x.mid_job_ran_again for x in c])}"
         lines.append(
-            f"| `{design}` | {len(rs)} | {statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f}) | "
-            f"{_spread([r.counts.lost for r in rs])} | {_spread([r.counts.held_at_fault for r in rs])} | "
-            f"{_spread([r.counts.indeterminate for r in rs])} | {_spread([r.counts.acks_lost for r in rs])} |"
+            f"| [{scenario}](../../scenarios/{scenario}.toml) | `{design}` | {len(rs)} | "
+            f"{_median([promotion_s(r) for r in rs])} | "
+            f"{_median([slowest_resume_s(r) for r in rs])} | {_spread([x.lost for x in c])} | "
+            f"{_spread([x.held_at_fault for x in c])} | {_spread([x.indeterminate for x in c])} | "
+            f"{_spread([x.acks_lost for x in c])} | {mid} | {_spread([x.stuck_workers for x in c])} |"
         )
     return "\n".join(lines)
 

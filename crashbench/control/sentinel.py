@@ -44,6 +44,8 @@ class EmbeddedSentinel(EmbeddedServer):
 
     def _args(self, log: Path) -> list[str]:
         conf = self.dir / "sentinel.conf"
+        if conf.exists():  # a restart: the file as Sentinel rewrote it, with what it learned of the topology
+            return [str(self.binary), str(conf), "--sentinel"]
         lines = [
             f"port {self.port}", "bind 127.0.0.1", f"dir {self.dir}", f"logfile {log}", "daemonize no",
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {self.primary_port} {QUORUM}",

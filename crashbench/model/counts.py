@@ -71,7 +71,9 @@ class Counts:
     # handler completed, or a success of a job whose handler never completed
     library_disagrees: int = 0
     worker_crashes: int = 0  # workers that exited although no fault was aimed at them
-    stuck_workers: int = 0  # worker slots a network fault hit that never started a handler again while jobs waited
+    # worker slots a network fault hit (behind Sentinel: any) that never started a handler again, after the heal (the
+    # promotion), while jobs waited
+    stuck_workers: int = 0
     unrecovered: int = 0  # jobs a fault interrupted (mid-job) that never started again
     # broker-fault evidence, so an expectation can be exact ("lost == held_at_fault")
     held_at_fault: int = 0  # jobs the server held (harness's reading) when the fault struck, never completed
@@ -79,6 +81,10 @@ class Counts:
     # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
     # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
     not_replicated: int = 0
+    # a sentinel fault (crashbench.faults.sentinel), from the ledger:
+    mid_job_at_fault: int = 0  # handlers running when the primary was killed
+    mid_job_ran_again: int = 0  # ... whose job ran again after it (its ack or its completion went with the primary)
+    promoted_without_quorum: int = 0  # sentinel-quorum: 1 if a replica was promoted while the sentinels had no quorum
     # deploys, rolling restarts (crashbench.faults.deploy): SIGTERM to each worker in turn, SIGKILL at the grace's end
     rollouts: int = 0  # rolling restarts made
     deploy_stops: int = 0  # workers a rollout sent SIGTERM to

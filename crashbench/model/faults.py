@@ -21,7 +21,7 @@ def broker_fault_name(kind: object) -> object:
 def broker_fault_text(kind: str) -> str:
     """A broker fault as a line of text names it: "broker-kill", "broker failover", "broker cluster-kill"."""
     name = str(broker_fault_name(kind))
-    return name if name.startswith("broker-") else f"broker {name}"
+    return name if name.startswith(("broker-", "sentinel-")) else f"broker {name}"
 
 
 JOB_SAMPLE = 100  # ids listed per outcome class (or held at a fault) in a result; the counts are always complete
@@ -172,6 +172,12 @@ class BrokerFaultRecord:
     promoted_offset: int | None = None
     promoted_held: int | None = None
     rejoined_at: float | None = None
+    # A sentinel fault (crashbench.faults.sentinel): when the sentinels that had been killed came back (quorum
+    # loss); and after the promotion (back_at), each worker slot's first handler start, in ms (None: never),
+    # and the slots that never started one although jobs waited.
+    quorum_back_at: float | None = None
+    slot_resume_ms: list[float | None] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.kind = str(broker_fault_name(self.kind))  # "kill" in a result saved before the one name

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from crashbench.model.bench import BenchResult
 from crashbench.model.counts import Problem
-from crashbench.model.faults import NetworkFaultRecord, broker_fault_text
+from crashbench.model.faults import BrokerFaultRecord, NetworkFaultRecord, broker_fault_text
 from crashbench.model.results import DesignRun, Result, ThresholdResult, group, number, spread
 from crashbench.model.results import label as label_of
 from crashbench.model.thresholds import coverage
@@ -49,6 +49,19 @@ def _resumed(nf: NetworkFaultRecord) -> str:
         return f"not all resumed ({each})"
     head = "resumed" if len(nf.slots) == 1 else "all resumed"
     return f"{head} {nf.slowest_resume_ms / 1000:.2f} s after" + (f" ({each})" if len(nf.slots) > 1 else "")
+
+
+def promotion_resumed(bf: BrokerFaultRecord) -> str:
+    """After a promotion behind Sentinel: how soon each worker slot ran a job again, the slowest first."""
+    if not bf.slot_resume_ms:
+        return ""
+    times = [ms for ms in bf.slot_resume_ms if ms is not None]
+    each = ", ".join(
+        f"slot {s} {'never' if ms is None else f'{ms / 1000:.2f} s'}" for s, ms in enumerate(bf.slot_resume_ms)
+    )
+    if len(times) < len(bf.slot_resume_ms):
+        return f"; not every worker ran a job after the promotion ({each})"
+    return f"; every worker ran a job {max(times) / 1000:.2f} s after the promotion at the latest ({each})"
 
 
 def network_line(nf: NetworkFaultRecord) -> str:
@@ -135,7 +148,7 @@ def result_table(result: Result, plain: bool = False) -> Group:
                     f"{name}: {broker_fault_text(bf.kind)} at {bf.at:.2f} s{back} ({bf.persistence} persistence); "
                     "Redis held "
                     f"{bf.held_at_fault} jobs at the fault (done later or not: the table counts those never "
-                    f"done), {bf.acknowledged_before} enqueues acknowledged before",
+                    f"done), {bf.acknowledged_before} enqueues acknowledged before{promotion_resumed(bf)}",
                     style="yellow",
                 )
             )

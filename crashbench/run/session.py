@@ -185,7 +185,7 @@ def _check_cluster(plan: Plan) -> None:
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
         broker = scenario.broker
-        if broker.fault in ("broker-kill", "failover", "eviction", "sentinel-kill"):
+        if broker.fault in ("broker-kill", "failover", "eviction", *SENTINEL.kinds):
             raise UsageError(f"a broker fault ({broker.fault}) acts on one server: not on a cluster yet")
         if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule):
             raise UsageError(

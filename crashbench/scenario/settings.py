@@ -28,9 +28,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster;
 # eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction); sentinel-kill:
-# the primary of the run's own Sentinel topology killed, the sentinels fail over (crashbench.faults.sentinel)
+# the primary of the run's own Sentinel topology killed, the sentinels fail over (crashbench.faults.sentinel);
+# sentinel-quorum: two of its three sentinels killed first, started again after `downtime`
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
-                 "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill")  # fmt: skip
+                 "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)

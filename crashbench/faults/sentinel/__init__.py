@@ -4,7 +4,9 @@ package: the topology as a run's broker (broker.py), and a module per fault (kil
     sentinel-kill   SIGKILL the primary of the run's own Sentinel topology (crashbench.control.sentinel)
                     at `fault_at`. The sentinels find it down after DOWN_AFTER_MS, agree (a quorum of 2 of
                     3) and promote a replica on their own (+switch-master): nothing of crashbench's promotes
-                    anything, and nobody tells the clients where the new primary is.
+                    anything, and nobody tells the clients where the new primary is (kill.py).
+    sentinel-quorum SIGKILL two of the three sentinels, then the primary: no failover while they are down;
+                    they start again after `downtime`, and the sentinels fail over (quorum.py).
 
 A run with this fault gets a private topology, as every broker fault gets private servers (refused with
 --redis-url and on a cluster). crashbench's own workers connect through the topology's `redis+sentinel://`
@@ -16,7 +18,10 @@ History: the broker fault's record (crashbench.model.faults.BrokerFaultRecord): 
 killed, what the harness read it held just before (its writes paused meanwhile, as for a broker kill),
 the enqueues acknowledged by then, and `back_at`, when the sentinels first named another primary (the
 promotion time is back_at - at); marks "down" and "promoted". Counts: the broker checker's
-(crashbench.faults.servers), the outage drawn as the broker's band.
+(crashbench.faults.servers), the outage drawn as the broker's band; and the workers around it
+(liveness.py): the handlers running as the primary died and whether their jobs ran again
+(mid_job_at_fault, mid_job_ran_again), each worker slot's time to resume after the promotion
+(slot_resume_ms) and the slots that never did (stuck_workers).
 """
 
 from __future__ import annotations
@@ -26,29 +31,34 @@ from typing import Any
 
 from crashbench.faults import servers
 from crashbench.faults.family import Driver, Entry, FaultFamily
+from crashbench.faults.sentinel import kill, liveness, quorum
 from crashbench.faults.sentinel.broker import SentinelBroker, sentinel_broker
-from crashbench.faults.sentinel.kill import KIND, SentinelFaults
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
 
-__all__ = ["FAMILY", "SentinelBroker", "sentinel_broker"]
-KEYS = ("kind", "at")
+__all__ = ["FAMILY", "KINDS", "SentinelBroker", "sentinel_broker"]
+KINDS = (kill.KIND, quorum.KIND)
+KEYS = ("kind", "at", "downtime")  # downtime: how long a quorum stays lost
+DRIVERS = {kill.KIND: kill.SentinelFaults, quorum.KIND: quorum.QuorumFaults}
 
 
 def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     b = sc.broker
-    return [Fault(start, b.fault_at, KIND)] if b.fault == KIND else []
+    if b.fault not in KINDS:
+        return []
+    return [Fault(start, b.fault_at, b.fault, duration=b.downtime if b.fault == quorum.KIND else 0.0)]
 
 
 def fields(entry: Entry) -> dict[str, Any]:
-    return {"fault": KIND, **({"fault_at": entry["at"]} if "at" in entry else {})}
+    names = (("at", "fault_at"), ("downtime", "downtime"))
+    return {"fault": entry["kind"], **{field: entry[key] for key, field in names if key in entry}}
 
 
 def driver(run: Any) -> Driver | None:
-    fault = next((f for f in run.planned if f.kind == KIND), None)
+    fault = next((f for f in run.planned if f.kind in KINDS), None)
     if fault is None or not isinstance(run.broker, SentinelBroker) or run.producer is None:
         return None
-    return SentinelFaults(fault, run)
+    return DRIVERS[fault.kind](fault, run)  # type: ignore[no-any-return]
 
 
 def history(d: Driver) -> dict[str, Any]:
@@ -60,14 +70,16 @@ def history(d: Driver) -> dict[str, Any]:
 
 FAMILY = FaultFamily(
     name="sentinel",
-    summary="SIGKILL the primary of the run's own Sentinel topology; the sentinels promote a replica on their own",
-    kinds=(KIND,),
+    summary="SIGKILL the primary of the run's own Sentinel topology (after two sentinels: quorum lost until they "
+    "return); the sentinels promote a replica on their own",
+    kinds=KINDS,
     keys=KEYS,
     section=section,
     fields=fields,
     on_server=True,
     driver=driver,
     history=history,
-    checkers=servers.BROKER.checkers,
-    bands=servers.outage_bands((KIND,)),
+    checkers=(*servers.BROKER.checkers, liveness.failover),
+    bands=servers.outage_bands(KINDS),
+    rows=(("mid-job at the fault", "mid_job_at_fault", False), ("  ran again", "mid_job_ran_again", False)),
 )

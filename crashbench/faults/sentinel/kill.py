@@ -1,4 +1,5 @@
-"""sentinel-kill: SIGKILL the topology's primary; the fault lasts until the sentinels name another."""
+"""sentinel-kill: SIGKILL the topology's primary; the fault lasts until the sentinels name another. Its
+driver is the base of the family's other primary kills (quorum.py)."""
 
 from __future__ import annotations
 
@@ -36,17 +37,26 @@ class SentinelFaults:
 
     def step(self, now: float) -> None:
         if self.record is None and now >= self.t0 + self.fault.at:
-            primary = self.broker.topology.primary
-            pause_writes(primary.url)  # the harness's reading as the primary dies is a snapshot
-            self.held_at_fault = held = set(self.locate().held)
-            now = self.clock()
-            self.record = BrokerFaultRecord(
-                KIND, self.persistence, rel(now, self.t0), len(held), sorted(held)[:JOB_SAMPLE],
-                self.producer.acknowledged,
-            )  # fmt: skip
-            primary.kill()
-            self.mark(now, "down")
-        elif self.down and self.broker.promoted():
+            self.kill_primary()
+        elif self.down:
+            self.await_promotion()
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary, after the harness's reading of what it held (its writes paused meanwhile)."""
+        primary = self.broker.topology.primary
+        pause_writes(primary.url)  # the harness's reading as the primary dies is a snapshot
+        self.held_at_fault = held = set(self.locate().held)
+        now = self.clock()
+        self.record = BrokerFaultRecord(
+            self.fault.kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[:JOB_SAMPLE],
+            self.producer.acknowledged,
+        )  # fmt: skip
+        primary.kill()
+        self.mark(now, "down")
+
+    def await_promotion(self) -> None:
+        """Once the sentinels name another primary: the fault's end, the harness on the promoted one."""
+        if self.broker.promoted():
             back = self.clock()
             assert self.record is not None
             self.record.back_at = rel(back, self.t0)
