@@ -79,6 +79,15 @@ class Counts:
     # a cluster fault: jobs the primary held as it was struck that the promoted replica did not hold (the
     # harness's reading of each), acknowledged, never completed: what the promotion lost (crashbench.faults.cluster)
     not_replicated: int = 0
+    # a split brain (sentinel-partition, crashbench.faults.sentinel.partition): the primary cut off from the
+    # sentinels while the producer (and [broker] minority_workers workers) go on writing to it, until it heals
+    acked_on_old_primary: int = 0  # enqueues the old primary acknowledged between the cut and the heal (done or not)
+    # ... that it did not acknowledge then: refused (NOREPLICAS: min-replicas-to-write) or unanswered
+    refused_on_old_primary: int = 0
+    # jobs the old primary held as the partition healed (its last word) that the promoted replica did not hold
+    # as it was promoted (the harness's reading of each side), done or not: what the old primary alone took
+    old_primary_only: int = 0
+    workers_on_old_primary: int = 0  # the minority's worker connections the old primary still served as it healed
     # deploys, rolling restarts (crashbench.faults.deploy): SIGTERM to each worker in turn, SIGKILL at the grace's end
     rollouts: int = 0  # rolling restarts made
     deploy_stops: int = 0  # workers a rollout sent SIGTERM to

@@ -23,6 +23,7 @@ from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
+from crashbench.faults.sentinel import topology_options
 from crashbench.faults.sentinel.broker import sentinel_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.model.results import Result, new_id, now_iso, summarize
@@ -126,9 +127,9 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
-        if broker.fault == "sentinel-kill" and cls.own_worker:
+        if broker.fault in ("sentinel-kill", "sentinel-partition") and cls.own_worker:
             raise UsageError(
-                f"{spec} under sentinel-kill: a library's own Sentinel configuration is not built yet",
+                f"{spec} under {broker.fault}: a library's own Sentinel configuration is not built yet",
                 hint="run a built-in design (naive, reliable, stream, ...) under it",
             )
         if broker.fault == "failover" and cls.own_worker and broker.failover_address == "new":
@@ -183,7 +184,7 @@ def _check_cluster(plan: Plan) -> None:
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
         broker = scenario.broker
-        if broker.fault in ("broker-kill", "failover", "eviction", "sentinel-kill"):
+        if broker.fault in ("broker-kill", "failover", "eviction", "sentinel-kill", "sentinel-partition"):
             raise UsageError(f"a broker fault ({broker.fault}) acts on one server: not on a cluster yet")
         if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule):
             raise UsageError(
@@ -263,8 +264,9 @@ def _run_on_server(
                             # The session's cluster, its run's shard faulted and healed again after
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
-                        elif fault == "sentinel-kill":  # a private Sentinel topology per run
-                            broker = own.enter_context(sentinel_broker(options.server_binary))
+                        elif fault in ("sentinel-kill", "sentinel-partition"):  # a private Sentinel topology per run
+                            topology = topology_options(scenario)
+                            broker = own.enter_context(sentinel_broker(options.server_binary, **topology))
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
                             persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"

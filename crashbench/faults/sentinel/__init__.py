@@ -17,6 +17,13 @@ killed, what the harness read it held just before (its writes paused meanwhile, 
 the enqueues acknowledged by then, and `back_at`, when the sentinels first named another primary (the
 promotion time is back_at - at); marks "down" and "promoted". Counts: the broker checker's
 (crashbench.faults.servers), the outage drawn as the broker's band.
+
+    sentinel-partition  a split brain (partition.py): the primary cut off from the sentinels, its replicas
+                    and the clients that found it through them, while the producer and `[broker]
+                    minority_workers` workers go on writing to it; the sentinels promote a replica, and
+                    `downtime` s later the partition heals. With `[broker] min_replicas_to_write` (and
+                    min_replicas_max_lag) the old primary refuses writes once its replicas fall silent.
+                    Its topology has the fault proxy in front of the primary (a partitionable one).
 """
 
 from __future__ import annotations
@@ -25,49 +32,105 @@ import random
 from typing import Any
 
 from crashbench.faults import servers
-from crashbench.faults.family import Driver, Entry, FaultFamily
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily
+from crashbench.faults.sentinel import partition
 from crashbench.faults.sentinel.broker import SentinelBroker, sentinel_broker
 from crashbench.faults.sentinel.kill import KIND, SentinelFaults
+from crashbench.faults.sentinel.partition import SplitBrain
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
-__all__ = ["FAMILY", "SentinelBroker", "sentinel_broker"]
-KEYS = ("kind", "at")
+__all__ = ["FAMILY", "SentinelBroker", "sentinel_broker", "topology_options"]
+KEYS = ("kind", "at", "downtime")
+KINDS = (KIND, partition.KIND)
 
 
 def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     b = sc.broker
+    if b.fault == partition.KIND:
+        return [Fault(start, b.fault_at, partition.KIND, duration=b.downtime)]
     return [Fault(start, b.fault_at, KIND)] if b.fault == KIND else []
 
 
 def fields(entry: Entry) -> dict[str, Any]:
-    return {"fault": KIND, **({"fault_at": entry["at"]} if "at" in entry else {})}
+    named = {field: entry[key] for key, field in (("at", "fault_at"), ("downtime", "downtime")) if key in entry}
+    return {"fault": entry["kind"], **named}
+
+
+def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
+    if "downtime" in entry and entry["kind"] != partition.KIND:
+        return [
+            f"[[faults]] sentinel entry {n}: downtime is for {partition.KIND} (how long after the promotion it heals)"
+        ]
+    return []
+
+
+def combinations(sc: Scenario) -> list[str]:
+    """The split brain's settings: the minority's workers are some of the run's, and only a split brain has them."""
+    b, p = sc.broker, []
+    if b.minority_workers and b.fault != partition.KIND:
+        p.append(f'[broker] minority_workers is for fault = "{partition.KIND}", not {b.fault!r}')
+    elif b.minority_workers > sc.workload.workers:
+        p.append(
+            f"[broker] minority_workers ({b.minority_workers}) is more than the run's workers ({sc.workload.workers})"
+        )
+    if b.min_replicas_to_write and b.fault not in KINDS:
+        p.append(
+            f"[broker] min_replicas_to_write configures a Sentinel topology's servers: not for fault = {b.fault!r}"
+        )
+    return p
+
+
+def topology_options(sc: Scenario) -> dict[str, Any]:
+    """How a run's topology is made (crashbench.faults.sentinel.broker.sentinel_broker's keywords)."""
+    b = sc.broker
+    return {
+        "partitionable": b.fault == partition.KIND,
+        "min_replicas": (b.min_replicas_to_write, b.min_replicas_max_lag),
+        "minority": b.minority_workers if b.fault == partition.KIND else 0,
+    }
 
 
 def driver(run: Any) -> Driver | None:
-    fault = next((f for f in run.planned if f.kind == KIND), None)
+    fault = next((f for f in run.planned if f.kind in KINDS), None)
     if fault is None or not isinstance(run.broker, SentinelBroker) or run.producer is None:
         return None
-    return SentinelFaults(fault, run)
+    return SplitBrain(fault, run) if fault.kind == partition.KIND else SentinelFaults(fault, run)
 
 
 def history(d: Driver) -> dict[str, Any]:
     return {
         "broker_fault": d.record,  # type: ignore[attr-defined]
         "held_at_fault": sorted(d.held_at_fault),  # type: ignore[attr-defined]
+        **(d.history() if isinstance(d, SplitBrain) else {}),
     }
+
+
+def bands(tl: Timeline) -> list[Band]:
+    return servers.outage_bands((KIND,))(tl) + partition.bands(tl)
 
 
 FAMILY = FaultFamily(
     name="sentinel",
-    summary="SIGKILL the primary of the run's own Sentinel topology; the sentinels promote a replica on their own",
-    kinds=(KIND,),
+    summary="the run's own Sentinel topology: SIGKILL its primary, or cut it off (a split brain); the sentinels "
+    "promote a replica on their own",
+    kinds=KINDS,
     keys=KEYS,
+    problems=problems,
+    combinations=combinations,
     section=section,
     fields=fields,
     on_server=True,
     driver=driver,
     history=history,
-    checkers=servers.BROKER.checkers,
-    bands=servers.outage_bands((KIND,)),
+    checkers=(*servers.BROKER.checkers, partition.split_brain),
+    bands=bands,
+    css=".band.sentinel-partition rect{fill:#f4a582;fill-opacity:.35}",
+    rows=(
+        ("acked on old primary", "acked_on_old_primary", False),
+        ("refused on old primary", "refused_on_old_primary", False),
+        ("old primary only", "old_primary_only", False),
+        ("workers on old primary", "workers_on_old_primary", False),
+    ),
 )
