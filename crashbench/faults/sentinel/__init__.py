@@ -69,9 +69,12 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
 def combinations(sc: Scenario) -> list[str]:
     """The split brain's settings: the minority's workers are some of the run's, and only a split brain has them."""
     b, p = sc.broker, []
-    if b.minority_workers and b.fault != partition.KIND:
+    minority, workers = b.minority_workers, sc.workload.workers
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (minority, workers, b.min_replicas_to_write)):
+        return p  # the bounds' own problems, listed with the others
+    if minority and b.fault != partition.KIND:
         p.append(f'[broker] minority_workers is for fault = "{partition.KIND}", not {b.fault!r}')
-    elif b.minority_workers > sc.workload.workers:
+    elif minority > workers:
         p.append(
             f"[broker] minority_workers ({b.minority_workers}) is more than the run's workers ({sc.workload.workers})"
         )
