@@ -137,8 +137,8 @@ def test_under_sentinel_kill_the_workers_find_the_promoted_primary_through_the_s
     real = session.sentinel_broker
 
     @contextlib.contextmanager
-    def watched(*args: object):
-        with real(*args) as broker:  # type: ignore[arg-type]
+    def watched(*args: object, **kwargs: object):
+        with real(*args, **kwargs) as broker:  # type: ignore[arg-type]
             pids.extend(p.proc.pid for p in broker.topology.processes if p.proc is not None)
             yield broker
 

@@ -24,7 +24,9 @@ from crashbench.model.workload import job_ids
 
 def _split(small: Scenario, monkeypatch: pytest.MonkeyPatch, **settings: object) -> tuple[DesignRun, list[int]]:
     """One reliable run under the split brain (short: the cut at 0.5 s, healed 0.3 s after the promotion),
-    and the pids of every process its topology started (servers, sentinels, the proxy in front)."""
+    and the pids of every process its topology started (servers, sentinels, the proxy in front). The
+    producer enqueues 100 jobs a second, more than the minority's one worker runs (30 ms each): it cannot
+    complete everything the old primary takes (with 10 ms jobs it can, and nothing is lost)."""
     from crashbench.run import session
     from crashbench.run.session import Options, run_designs
 
@@ -42,7 +44,7 @@ def _split(small: Scenario, monkeypatch: pytest.MonkeyPatch, **settings: object)
 
     monkeypatch.setattr(session, "sentinel_broker", watched)
     sc = small.replace(
-        jobs=300, job_ms=10, workers=3, kills=0, fault="sentinel-partition", fault_at=0.5, downtime=0.3,
+        jobs=300, job_ms=30, workers=3, kills=0, fault="sentinel-partition", fault_at=0.5, downtime=0.3,
         produce_s=3.0, minority_workers=1, socket_timeout=1.0, **settings,
     )  # fmt: skip
     return run_designs(sc, ["reliable"], Options()).runs[0], pids
