@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -190,6 +190,14 @@ sentinel: $(STAMP)  ## docs/findings/sentinel.md's table (promotion time, worker
 	for s in sentinel-kill sentinel-quorum sentinel-midjob; do \
 		$(BIN)/crashbench compare -s $$s --repeat 3 --plain --out results/readme/sentinel || exit $$?; done
 	$(BIN)/python lab/sentinel_promotion.py results/readme/sentinel
+
+# docs/findings/sentinel.md's second table: a split brain (sentinel-partition), without and with min-replicas-to-write,
+# the built-in designs, 2 seeds each (about 2 minutes); the results in results/readme/sentinel-partition.
+sentinel-partition: $(STAMP)  ## docs/findings/sentinel.md's split-brain table (acknowledged enqueues lost, with and without min-replicas-to-write)
+	rm -rf results/readme/sentinel-partition
+	$(BIN)/crashbench compare -s sentinel-partition --repeat 2 --plain --out results/readme/sentinel-partition
+	$(BIN)/crashbench compare -s sentinel-partition-min-replicas --repeat 2 --plain --out results/readme/sentinel-partition
+	$(BIN)/python lab/sentinel_promotion.py --split results/readme/sentinel-partition
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);

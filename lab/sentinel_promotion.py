@@ -6,6 +6,14 @@ slot_resume_ms: each worker found the new primary through the sentinels itself),
 refused and ran twice.
 
     python lab/sentinel_promotion.py results/readme/sentinel
+
+With --split, the second table: the split brain (`sentinel-partition`, and `sentinel-partition-min-replicas`
+with min-replicas-to-write 1), one row per scenario and design over the repeats: the promotion time, the
+enqueues acknowledged in all and by the old primary after the cut, how many it refused, the acknowledged
+enqueues lost (and their share of all the acknowledged ones, Jepsen's measure), the acks lost, and the
+minority's workers the old primary still served as the partition healed.
+
+    python lab/sentinel_promotion.py --split results/readme/sentinel-partition
 """
 
 from __future__ import annotations
@@ -69,8 +77,36 @@ def table(directory: Path) -> str:
     return "\n".join(lines)
 
 
+def split_table(directory: Path) -> str:
+    runs: dict[tuple[str, str], list[DesignRun]] = {}
+    for path in sorted(directory.glob("*.json")):
+        result = store.load(str(path))
+        for run in result.runs:
+            runs.setdefault((str(result.scenario["name"]), run.design), []).append(run)
+    lines = [
+        "| scenario | design | runs | promotion, median (min-max) | acknowledged | ... by the old primary after "
+        "the cut | refused by it | lost | lost of acknowledged | acks lost (ran again) | workers on old primary |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (scenario, design), rs in sorted(runs.items()):
+        times = [promotion_s(r) for r in rs]
+        acked = [r.counts.enqueued - r.counts.indeterminate for r in rs]
+        share = [round(100 * r.counts.lost / a) for r, a in zip(rs, acked, strict=True)]
+        promotion = f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f})"
+        lines.append(
+            f"| `{scenario}` | `{design}` | {len(rs)} | {promotion} | "
+            f"{_spread(acked)} | {_spread([r.counts.acked_on_old_primary for r in rs])} | "
+            f"{_spread([r.counts.refused_on_old_primary for r in rs])} | {_spread([r.counts.lost for r in rs])} | "
+            f"{_spread(share)}% | {_spread([r.counts.acks_lost for r in rs])} | "
+            f"{_spread([r.counts.workers_on_old_primary for r in rs])} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    split = sys.argv[1:2] == ["--split"]
+    args = sys.argv[2:] if split else sys.argv[1:]
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    print(table(Path(sys.argv[1])))
+    print((split_table if split else table)(Path(args[0])))

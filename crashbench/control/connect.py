@@ -280,6 +280,16 @@ DOWN = (
 )  # fmt: skip
 
 
+def refused(exc: BaseException) -> bool:
+    """A write the server refused for now and may take later: out of memory (an eviction fault's
+    noeviction limit), or too few replicas in reach (min-replicas-to-write: NOREPLICAS, which redis-py
+    raises as a plain ResponseError, in a pipeline with the command's place before it)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True
+    text = str(exc) if isinstance(exc, redis.ResponseError) else ""
+    return text.startswith("NOREPLICAS ") or (text.startswith("Command # ") and "caused error: NOREPLICAS " in text)
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One line of CLUSTER NODES."""

@@ -12,6 +12,17 @@ The sentinels decide a failover on their own: a primary that answers nothing for
 subjectively down, and once QUORUM sentinels agree, one of them promotes a replica (`+switch-master`).
 `primary_address` asks a sentinel which primary it names now, as a client configured with Sentinel does.
 
+A split brain needs a partition between the primary and everyone else, and clients on both sides of it.
+With `partitionable`, the topology puts the network fault proxy (crashbench.control.proxy) in front of the
+primary: the sentinels monitor it at the proxy's address and the replicas replicate through it, so every
+party of the majority knows the primary only there, and clients that ask the sentinels are told that
+address. A client given the primary's own port (`primary.url`) is on the primary's side of the partition.
+`cut` makes the partition silent, as dropped packets are (the proxy's timeout toxic: connections stay
+open and nothing goes through, so the primary sees its replicas' acknowledgements stop rather than their
+connections close); `heal` resets what it held open and lets new connections through again.
+`min_replicas` sets min-replicas-to-write and min-replicas-max-lag on every server (a replica promoted
+keeps it).
+
 Every process is started in its own session, dies with crashbench (die_with_parent), and is stopped and
 its directory removed when the `sentinel_topology` context ends, however it ends.
 """
@@ -25,6 +36,7 @@ from pathlib import Path
 
 import redis
 
+from crashbench.control.proxyctl import ProxyProcess
 from crashbench.control.server import EmbeddedServer, find_server_binary
 from crashbench.errors import ServerUnavailable
 
@@ -61,12 +73,16 @@ class SentinelTopology:
     """The processes of one topology; `primary` is the one crashbench started as primary (after a failover,
     `primary_address` says which one the sentinels name)."""
 
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, partitionable: bool = False, min_replicas: tuple[int, int] = (0, 10)) -> None:
         self.binary = binary
         self.primary = EmbeddedServer(binary)
         self.replicas: list[EmbeddedServer] = []
         self.sentinels: list[EmbeddedSentinel] = []
         self._asking: dict[int, redis.Redis] = {}  # one connection per sentinel, kept: asked every tick of an outage
+        self.partitionable = partitionable
+        self.min_replicas = min_replicas  # (min-replicas-to-write, min-replicas-max-lag in s); 0 to write: off
+        self.proxy: ProxyProcess | None = None  # in front of the primary, when partitionable
+        self.cut_off = False
 
     @property
     def servers(self) -> list[EmbeddedServer]:
@@ -86,17 +102,35 @@ class SentinelTopology:
         hosts = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
         return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
 
+    @property
+    def monitored_port(self) -> int:
+        """The port the sentinels and the replicas know the primary at: the proxy's, when partitionable."""
+        return self.proxy.ports[0] if self.proxy is not None else self.primary.port
+
+    def direct(self, address: tuple[str, int]) -> tuple[str, int]:
+        """An address the sentinels name, as the harness reaches it: the primary's own port for the proxy's
+        (the harness stands outside any partition)."""
+        if self.proxy is not None and address == ("127.0.0.1", self.proxy.ports[0]):
+            return "127.0.0.1", self.primary.port
+        return address
+
     def start(self) -> None:
         self.primary.start()
+        if self.partitionable:
+            self.proxy = ProxyProcess([("127.0.0.1", self.primary.port)], self.primary.dir / "proxy.log")
         for _ in range(2):
-            replica = EmbeddedServer(self.binary, replica_of=self.primary.port)
+            replica = EmbeddedServer(self.binary, replica_of=self.monitored_port)
             self.replicas.append(replica)
             replica.start()
         for replica in self.replicas:
             _until(lambda r=replica: _info(r.url, "replication").get("master_link_status") == "up",
                    f"the replica on port {replica.port} to sync with its primary")  # fmt: skip
+        if self.min_replicas[0]:
+            for server in self.servers:
+                _config(server.url, "min-replicas-max-lag", self.min_replicas[1])
+                _config(server.url, "min-replicas-to-write", self.min_replicas[0])
         for _ in range(3):
-            sentinel = EmbeddedSentinel(self.binary, self.primary.port)
+            sentinel = EmbeddedSentinel(self.binary, self.monitored_port)
             self.sentinels.append(sentinel)
             sentinel.start()
         for sentinel in self.sentinels:
@@ -106,28 +140,62 @@ class SentinelTopology:
     def primary_address(self) -> tuple[str, int]:
         """The primary the sentinels name now (the first that answers), as a Sentinel client asks for it."""
         for sentinel in self.sentinels:
-            client = self._asking.get(sentinel.port)
-            if client is None:
-                client = redis.Redis.from_url(sentinel.url, decode_responses=True, socket_timeout=2)
-                self._asking[sentinel.port] = client
-            try:
-                host, port = client.sentinel_get_master_addr_by_name(MASTER_NAME)
-                return str(host), int(port)
-            except (redis.ConnectionError, redis.TimeoutError, TypeError):
-                continue  # a killed sentinel; None when it does not know the name
+            if (named := self._ask(sentinel)) is not None:
+                return named
         raise ServerUnavailable("no sentinel of the topology answers")
+
+    def named(self) -> list[tuple[str, int]]:
+        """The primary each sentinel that answers names now (after a failover, the one that led it first)."""
+        return [named for sentinel in self.sentinels if (named := self._ask(sentinel)) is not None]
+
+    def _ask(self, sentinel: EmbeddedSentinel) -> tuple[str, int] | None:
+        client = self._asking.get(sentinel.port)
+        if client is None:
+            client = redis.Redis.from_url(sentinel.url, decode_responses=True, socket_timeout=2)
+            self._asking[sentinel.port] = client
+        try:
+            host, port = client.sentinel_get_master_addr_by_name(MASTER_NAME)
+            return str(host), int(port)
+        except (redis.ConnectionError, redis.TimeoutError, TypeError):
+            return None  # a killed sentinel; None when it does not know the name
+
+    def cut(self) -> None:
+        """The primary cut off from everyone who reaches it through the proxy (sentinels, replicas, clients
+        told its address by the sentinels), silently: open connections stay open and carry nothing, new ones
+        are accepted and carry nothing. Clients of its own port are on its side and go on."""
+        assert self.proxy is not None, "a topology started partitionable"
+        self.proxy.set([0], [{"name": "timeout", "direction": "both", "timeout": 0}])
+        self.cut_off = True
+
+    def heal(self) -> None:
+        """The partition gone: the connections it held open reset (what they swallowed is not replayed: a
+        peer reconnects), new ones go through."""
+        assert self.proxy is not None
+        self.proxy.set([0], [{"name": "down"}])
+        self.proxy.set([0], [])
+        self.cut_off = False
 
     def stop(self) -> None:
         for client in self._asking.values():
             client.close()
-        for process in reversed(self.processes):  # the sentinels first: none fails over a primary being stopped
-            process.stop()
+        try:
+            for sentinel in reversed(self.sentinels):  # first: none fails over a primary being stopped
+                sentinel.stop()
+        finally:
+            try:
+                if self.proxy is not None:
+                    self.proxy.close()
+            finally:
+                for server in reversed(self.servers):
+                    server.stop()
 
 
 @contextlib.contextmanager
-def sentinel_topology(binary: str | None = None) -> Iterator[SentinelTopology]:
+def sentinel_topology(
+    binary: str | None = None, partitionable: bool = False, min_replicas: tuple[int, int] = (0, 10)
+) -> Iterator[SentinelTopology]:
     """A topology started and in place (the sentinels know both replicas and each other), stopped on exit."""
-    topology = SentinelTopology(find_server_binary(binary))
+    topology = SentinelTopology(find_server_binary(binary), partitionable, min_replicas)
     try:
         topology.start()
         yield topology
@@ -139,6 +207,14 @@ def _info(url: str, section: str) -> dict[str, object]:
     client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=2)
     try:
         return dict(client.info(section))
+    finally:
+        client.close()
+
+
+def _config(url: str, name: str, value: int) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        client.config_set(name, value)
     finally:
         client.close()
 

@@ -85,6 +85,15 @@ class Counts:
     mid_job_at_fault: int = 0  # handlers running when the primary was killed
     mid_job_ran_again: int = 0  # ... whose job ran again after it (its ack or its completion went with the primary)
     promoted_without_quorum: int = 0  # sentinel-quorum: 1 if a replica was promoted while the sentinels had no quorum
+    # a split brain (sentinel-partition, crashbench.faults.sentinel.partition): the primary cut off from the
+    # sentinels while the producer (and [broker] minority_workers workers) go on writing to it, until it heals
+    acked_on_old_primary: int = 0  # enqueues the old primary acknowledged between the cut and the heal (done or not)
+    # ... that it did not acknowledge then: refused (NOREPLICAS: min-replicas-to-write) or unanswered
+    refused_on_old_primary: int = 0
+    # jobs the old primary held as the partition healed (its last word) that the promoted replica did not hold
+    # as it was promoted (the harness's reading of each side), done or not: what the old primary alone took
+    old_primary_only: int = 0
+    workers_on_old_primary: int = 0  # the minority's worker connections the old primary still served as it healed
     # deploys, rolling restarts (crashbench.faults.deploy): SIGTERM to each worker in turn, SIGKILL at the grace's end
     rollouts: int = 0  # rolling restarts made
     deploy_stops: int = 0  # workers a rollout sent SIGTERM to

@@ -101,6 +101,11 @@ class BrokerSpec:
     fill: str = "neighbour"  # what fills it: "neighbour" (keys outside the run's namespace) or "payloads" (the jobs')
     neighbour_ttl: float = 0.0  # the neighbour keys' TTL in seconds; 0: none (what volatile-* policies cannot evict)
     limit_s: float = 1.0  # seconds the limit holds before it is lifted (maxmemory 0)
+    # sentinel-partition (crashbench.faults.sentinel.partition): Redis's min-replicas-to-write on every server
+    # of the topology (0: off), with min-replicas-max-lag (s); the worker slots on the old primary's side
+    min_replicas_to_write: int = 0
+    min_replicas_max_lag: int = 1
+    minority_workers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fault", broker_fault_name(self.fault))  # "kill": the old name of broker-kill

@@ -51,6 +51,7 @@ class Workers:
     # execs crashbench's own without it
     python: WorkerPython | None = None
     url_file: str | None = None  # with a broker fault: where the current server's URL is (failover)
+    url_file_of: Callable[[int], str | None] = _no_url  # a slot's own url file (a split brain's minority), or None
     tree: bool = True  # a library's worker: signals reach the processes below it (Supervisor's `tree`)
 
 
@@ -113,6 +114,8 @@ class Harness:
         """The worker's body, made where the worker is forked: it registers nothing (see Supervisor)."""
         url, parent, gate, workers, module = self.workers.url(slot), self.parent, self.gate, self.workers, self.module
         wspec = dataclasses.replace(self.wspec, redis_url=url) if url else self.wspec
+        if (own := workers.url_file_of(slot)) is not None:
+            wspec = dataclasses.replace(wspec, url_file=own)
         if self.bare:
             out = self.dir / f"{name}.bare"
             return lambda: run_bare(wspec, name, out, parent, gate)

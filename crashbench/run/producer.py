@@ -15,7 +15,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from crashbench.control.connect import DOWN
+from crashbench.control.connect import DOWN, refused
 from crashbench.designs import Design
 from crashbench.model.queue import DesignSettings, EnqueueUnconfirmed, Job, Receipts, receipts
 
@@ -137,7 +137,7 @@ def unanswered(exc: BaseException) -> bool:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, UNANSWERED):
+        if isinstance(current, UNANSWERED) or refused(current):  # NOREPLICAS: min-replicas-to-write
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__

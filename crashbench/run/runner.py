@@ -50,6 +50,12 @@ from crashbench.run.target import RunHooks as RunHooks
 from crashbench.run.target import RunTarget as RunTarget
 
 T = TypeVar("T")
+
+
+def _no_file(slot: int) -> str | None:
+    return None
+
+
 NO_HOOKS = RunHooks()  # a run nobody watches: its own stop flag, the monotonic clock
 
 
@@ -113,6 +119,7 @@ class CrashRun:
             url=lambda slot: self.net.worker_url(url, slot) or self.target.workers_url or None,
             enter=lambda slot: self.net.enter(slot),
             python=worker_python, url_file=str(self.broker.url_file) if self.broker else None,
+            url_file_of=self.broker.url_file_of if isinstance(self.broker, SentinelBroker) else _no_file,
         )  # fmt: skip
         settings, workload = self.sc.settings(self.spec), self.sc.workload_model()
         return Harness("run", self.spec, url, self.prefix, settings, workload, self.clock, workers)

@@ -24,6 +24,7 @@ from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
 from crashbench.faults.sentinel import FAMILY as SENTINEL
+from crashbench.faults.sentinel import topology_options
 from crashbench.faults.sentinel.broker import sentinel_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
 from crashbench.model.results import Result, new_id, now_iso, summarize
@@ -296,7 +297,8 @@ def _run_on_server(
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
                             url = broker.url
                         elif fault in SENTINEL.kinds:  # a private Sentinel topology per run
-                            broker = own.enter_context(sentinel_broker(options.server_binary))
+                            topology = topology_options(scenario)
+                            broker = own.enter_context(sentinel_broker(options.server_binary, **topology))
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
                             persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"

@@ -29,7 +29,7 @@ from types import FrameType
 import redis
 
 from crashbench.control import connect, memlimit
-from crashbench.control.connect import DOWN
+from crashbench.control.connect import DOWN, refused
 from crashbench.control.interpreter import URL_ENV
 from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.designs.handler import crash
@@ -234,10 +234,6 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     while not stop.requested and os.getppid() == parent_pid:
         try:
             run_batch(spec, design, name, ledger, clock)
-        except redis.exceptions.OutOfMemoryError:
-            # The server refuses writes (an eviction fault's noeviction limit): what the call was doing did
-            # not happen; the same call again a little later, as a worker that outlives the limit would.
-            time.sleep(OOM_PAUSE_S)
         except DOWN:
             # The server is down, restarting or failed over. Once it answers again, what this worker
             # still holds there (a job whose ack did not get through) is not being worked on: hand it
@@ -246,6 +242,13 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
             with contextlib.suppress(*DOWN):
                 design.stop_worker(name, clock())
                 design.start_worker(name, clock())
+        except redis.ResponseError as exc:
+            # The server refuses writes (an eviction fault's noeviction limit, a primary that lost its
+            # replicas under min-replicas-to-write): what the call was doing did not happen; the same call
+            # again a little later, as a worker that outlives the refusal would.
+            if not refused(exc):
+                raise
+            time.sleep(OOM_PAUSE_S)
     if stop.requested:
         design.stop_worker(name, clock())
     ledger.close()

@@ -22,16 +22,19 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "heartbeat_every", "batch_size", "concurrency", "socket_timeout", "shards", "stream_maxlen",
               "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag",
-               "failover_address", "topology", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s"),
+               "failover_address", "topology", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s",
+               "min_replicas_to_write", "min_replicas_max_lag", "minority_workers"),
     "run": ("drain_timeout", "designs"),
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
 # failover: kill the primary, promote its replica; cluster-*: the run's shard of crashbench's own cluster;
 # eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction); sentinel-kill:
 # the primary of the run's own Sentinel topology killed, the sentinels fail over (crashbench.faults.sentinel);
-# sentinel-quorum: two of its three sentinels killed first, started again after `downtime`
+# sentinel-quorum: two of its three sentinels killed first, started again after `downtime`; sentinel-partition:
+# that primary cut off from the sentinels and most clients, a split brain
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
-                 "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum")  # fmt: skip
+                 "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum",
+                 "sentinel-partition")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)
@@ -91,6 +94,8 @@ NUMBERS: dict[str, Bound] = {
     "fault_at": NON_NEGATIVE, "downtime": POSITIVE, "produce_s": POSITIVE, "wait_replicas": COUNT,
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "payload_bytes": COUNT, "neighbour_ttl": NON_NEGATIVE, "limit_s": POSITIVE,
+    "min_replicas_to_write": Bound(True, 0, True, 2), "min_replicas_max_lag": POSITIVE_INT,
+    "minority_workers": COUNT,
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -18,10 +18,17 @@ History: the broker fault's record (crashbench.model.faults.BrokerFaultRecord): 
 killed, what the harness read it held just before (its writes paused meanwhile, as for a broker kill),
 the enqueues acknowledged by then, and `back_at`, when the sentinels first named another primary (the
 promotion time is back_at - at); marks "down" and "promoted". Counts: the broker checker's
-(crashbench.faults.servers), the outage drawn as the broker's band; and the workers around it
-(liveness.py): the handlers running as the primary died and whether their jobs ran again
-(mid_job_at_fault, mid_job_ran_again), each worker slot's time to resume after the promotion
-(slot_resume_ms) and the slots that never did (stuck_workers).
+(crashbench.faults.servers), the outage drawn as the broker's band; the split brain's own (partition.py);
+and the workers around the fault (liveness.py): the handlers running as the primary died and whether
+their jobs ran again (mid_job_at_fault, mid_job_ran_again), each worker slot's time to resume after the
+promotion (slot_resume_ms) and the slots that never did (stuck_workers).
+
+    sentinel-partition  a split brain (partition.py): the primary cut off from the sentinels, its replicas
+                    and the clients that found it through them, while the producer and `[broker]
+                    minority_workers` workers go on writing to it; the sentinels promote a replica, and
+                    `downtime` s later the partition heals. With `[broker] min_replicas_to_write` (and
+                    min_replicas_max_lag) the old primary refuses writes once its replicas fall silent.
+                    Its topology has the fault proxy in front of the primary (a partitionable one).
 """
 
 from __future__ import annotations
@@ -30,28 +37,69 @@ import random
 from typing import Any
 
 from crashbench.faults import servers
-from crashbench.faults.family import Driver, Entry, FaultFamily
-from crashbench.faults.sentinel import kill, liveness, quorum
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily
+from crashbench.faults.sentinel import kill, liveness, partition, quorum
 from crashbench.faults.sentinel.broker import SentinelBroker, sentinel_broker
+from crashbench.faults.sentinel.partition import SplitBrain
 from crashbench.model.faults import Fault
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import Timeline
 
-__all__ = ["FAMILY", "KINDS", "SentinelBroker", "sentinel_broker"]
-KINDS = (kill.KIND, quorum.KIND)
-KEYS = ("kind", "at", "downtime")  # downtime: how long a quorum stays lost
-DRIVERS = {kill.KIND: kill.SentinelFaults, quorum.KIND: quorum.QuorumFaults}
+__all__ = ["FAMILY", "KINDS", "SentinelBroker", "sentinel_broker", "topology_options"]
+KINDS = (kill.KIND, quorum.KIND, partition.KIND)
+KEYS = ("kind", "at", "downtime")  # downtime: how long the quorum stays lost; a split brain's, after the promotion
+WITH_DOWNTIME = (quorum.KIND, partition.KIND)
+DRIVERS = {kill.KIND: kill.SentinelFaults, quorum.KIND: quorum.QuorumFaults, partition.KIND: SplitBrain}
 
 
 def section(sc: Scenario, start: int, rng: random.Random) -> list[Fault]:
     b = sc.broker
     if b.fault not in KINDS:
         return []
-    return [Fault(start, b.fault_at, b.fault, duration=b.downtime if b.fault == quorum.KIND else 0.0)]
+    return [Fault(start, b.fault_at, b.fault, duration=b.downtime if b.fault in WITH_DOWNTIME else 0.0)]
 
 
 def fields(entry: Entry) -> dict[str, Any]:
-    names = (("at", "fault_at"), ("downtime", "downtime"))
-    return {"fault": entry["kind"], **{field: entry[key] for key, field in names if key in entry}}
+    named = {field: entry[key] for key, field in (("at", "fault_at"), ("downtime", "downtime")) if key in entry}
+    return {"fault": entry["kind"], **named}
+
+
+def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
+    if "downtime" in entry and entry["kind"] not in WITH_DOWNTIME:
+        return [
+            f"[[faults]] sentinel entry {n}: downtime is for {quorum.KIND} (how long the quorum stays lost) and "
+            f"{partition.KIND} (how long after the promotion it heals)"
+        ]
+    return []
+
+
+def combinations(sc: Scenario) -> list[str]:
+    """The split brain's settings: the minority's workers are some of the run's, and only a split brain has them."""
+    b, p = sc.broker, []
+    minority, workers = b.minority_workers, sc.workload.workers
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (minority, workers, b.min_replicas_to_write)):
+        return p  # the bounds' own problems, listed with the others
+    if minority and b.fault != partition.KIND:
+        p.append(f'[broker] minority_workers is for fault = "{partition.KIND}", not {b.fault!r}')
+    elif minority > workers:
+        p.append(
+            f"[broker] minority_workers ({b.minority_workers}) is more than the run's workers ({sc.workload.workers})"
+        )
+    if b.min_replicas_to_write and b.fault not in KINDS:
+        p.append(
+            f"[broker] min_replicas_to_write configures a Sentinel topology's servers: not for fault = {b.fault!r}"
+        )
+    return p
+
+
+def topology_options(sc: Scenario) -> dict[str, Any]:
+    """How a run's topology is made (crashbench.faults.sentinel.broker.sentinel_broker's keywords)."""
+    b = sc.broker
+    return {
+        "partitionable": b.fault == partition.KIND,
+        "min_replicas": (b.min_replicas_to_write, b.min_replicas_max_lag),
+        "minority": b.minority_workers if b.fault == partition.KIND else 0,
+    }
 
 
 def driver(run: Any) -> Driver | None:
@@ -65,21 +113,36 @@ def history(d: Driver) -> dict[str, Any]:
     return {
         "broker_fault": d.record,  # type: ignore[attr-defined]
         "held_at_fault": sorted(d.held_at_fault),  # type: ignore[attr-defined]
+        **(d.history() if isinstance(d, SplitBrain) else {}),
     }
+
+
+def bands(tl: Timeline) -> list[Band]:
+    return servers.outage_bands((kill.KIND, quorum.KIND))(tl) + partition.bands(tl)
 
 
 FAMILY = FaultFamily(
     name="sentinel",
-    summary="SIGKILL the primary of the run's own Sentinel topology (after two sentinels: quorum lost until they "
-    "return); the sentinels promote a replica on their own",
+    summary="the run's own Sentinel topology: SIGKILL its primary (after two sentinels: the quorum lost until they "
+    "return), or cut it off (a split brain); the sentinels promote a replica on their own",
     kinds=KINDS,
     keys=KEYS,
+    problems=problems,
+    combinations=combinations,
     section=section,
     fields=fields,
     on_server=True,
     driver=driver,
     history=history,
-    checkers=(*servers.BROKER.checkers, liveness.failover),
-    bands=servers.outage_bands(KINDS),
-    rows=(("mid-job at the fault", "mid_job_at_fault", False), ("  ran again", "mid_job_ran_again", False)),
+    checkers=(*servers.BROKER.checkers, partition.split_brain, liveness.failover),
+    bands=bands,
+    css=".band.sentinel-partition rect{fill:#f4a582;fill-opacity:.35}",
+    rows=(
+        ("acked on old primary", "acked_on_old_primary", False),
+        ("refused on old primary", "refused_on_old_primary", False),
+        ("old primary only", "old_primary_only", False),
+        ("workers on old primary", "workers_on_old_primary", False),
+        ("mid-job at the fault", "mid_job_at_fault", False),
+        ("  ran again", "mid_job_ran_again", False),
+    ),
 )
