@@ -126,11 +126,8 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
-        if broker.fault == "sentinel-kill" and cls.own_worker:
-            raise UsageError(
-                f"{spec} under sentinel-kill: a library's own Sentinel configuration is not built yet",
-                hint="run a built-in design (naive, reliable, stream, ...) under it",
-            )
+        if broker.fault == "sentinel-kill" and (why := getattr(cls, "no_sentinel", "")):
+            raise UsageError(f"{spec} cannot run on Sentinel (sentinel-kill): {why}")
         if broker.fault == "failover" and cls.own_worker and broker.failover_address == "new":
             raise UsageError(
                 f"{spec}'s workers connect to the address they were started with: they cannot follow a failover "

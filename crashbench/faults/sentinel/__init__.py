@@ -10,7 +10,8 @@ A run with this fault gets a private topology, as every broker fault gets privat
 --redis-url and on a cluster). crashbench's own workers connect through the topology's `redis+sentinel://`
 URL (crashbench.control.connect), whose client asks the sentinels for the primary again after a
 connection error, as an application configured with Sentinel does; the harness reads the primary the
-sentinels name. The library adapters are refused until each one's own Sentinel configuration is built.
+sentinels name. The library adapters' workers connect through their library's own Sentinel configuration
+(crashbench.designs.sentinels).
 
 History: the broker fault's record (crashbench.model.faults.BrokerFaultRecord): when the primary was
 killed, what the harness read it held just before (its writes paused meanwhile, as for a broker kill),
