@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -198,6 +198,13 @@ sentinel-partition: $(STAMP)  ## docs/findings/sentinel.md's split-brain table (
 	$(BIN)/crashbench compare -s sentinel-partition --repeat 2 --plain --out results/readme/sentinel-partition
 	$(BIN)/crashbench compare -s sentinel-partition-min-replicas --repeat 2 --plain --out results/readme/sentinel-partition
 	$(BIN)/python lab/sentinel_promotion.py --split results/readme/sentinel-partition
+
+# docs/findings/sentinel.md's library figures: every library adapter under sentinel-kill-libraries, each worker through
+# its library's own Sentinel configuration, 2 seeds (about 15 minutes); the result in results/readme/sentinel-libraries.
+sentinel-libraries: $(STAMP) $(ARQ_STAMP)  ## the libraries under a Sentinel failover (resume time, loss), 2 seeds
+	rm -rf results/readme/sentinel-libraries
+	$(BIN)/crashbench compare -s sentinel-kill-libraries --repeat 2 --plain $(WP_ARGS) --out results/readme/sentinel-libraries
+	$(BIN)/python lab/sentinel_promotion.py --libraries results/readme/sentinel-libraries
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);

@@ -14,6 +14,13 @@ enqueues lost (and their share of all the acknowledged ones, Jepsen's measure), 
 minority's workers the old primary still served as the partition healed.
 
     python lab/sentinel_promotion.py --split results/readme/sentinel-partition
+
+With --libraries, the third table: each library adapter under sentinel-kill-libraries, its workers through the
+library's own Sentinel configuration: the promotion time, the first and the slowest worker's first job after it
+(a worker that exited on the lost connection is restarted by crashbench's supervisor, as a process manager
+would: its restart is in the time), and what the run lost, stranded and ran twice, and its workers' exits.
+
+    python lab/sentinel_promotion.py --libraries results/readme/sentinel-libraries
 """
 
 from __future__ import annotations
@@ -103,10 +110,40 @@ def split_table(directory: Path) -> str:
     return "\n".join(lines)
 
 
+def first_resume_s(run: DesignRun) -> float | None:
+    times = [ms for ms in run.broker_fault.slot_resume_ms if ms is not None] if run.broker_fault is not None else []
+    return min(times) / 1000 if times else None
+
+
+def library_table(directory: Path) -> str:
+    runs: dict[str, list[DesignRun]] = {}
+    for path in sorted(directory.glob("*.json")):
+        for run in store.load(str(path)).runs:
+            runs.setdefault(run.design, []).append(run)
+    lines = [
+        "| design | runs | promotion, median (min-max) | first worker back after it | slowest worker back | lost | "
+        "stranded (held at the kill, never done) | ran twice (acks lost) | worker exits | stuck workers |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for design, rs in runs.items():
+        c = [r.counts for r in rs]
+        lines.append(
+            f"| `{design}` | {len(rs)} | {_median([promotion_s(r) for r in rs])} | "
+            f"{_median([first_resume_s(r) for r in rs])} | {_median([slowest_resume_s(r) for r in rs])} | "
+            f"{_spread([x.lost for x in c])} | {_spread([x.stranded for x in c])} "
+            f"({_spread([x.held_at_fault for x in c])}) | {_spread([x.duplicated for x in c])} "
+            f"({_spread([x.acks_lost for x in c])}) | {_spread([len(r.worker_exits) for r in rs])} | "
+            f"{_spread([x.stuck_workers for x in c])} |"
+        )
+    return "\n".join(lines)
+
+
+MODES = {"--split": split_table, "--libraries": library_table}
+
 if __name__ == "__main__":
-    split = sys.argv[1:2] == ["--split"]
-    args = sys.argv[2:] if split else sys.argv[1:]
+    mode = MODES.get(sys.argv[1]) if len(sys.argv) > 1 else None
+    args = sys.argv[2:] if mode else sys.argv[1:]
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    print((split_table if split else table)(Path(args[0])))
+    print((mode or table)(Path(args[0])))

@@ -4,7 +4,6 @@ scenarios hold on every one of those runs (no crash run here)."""
 
 from __future__ import annotations
 
-import copy
 import functools
 import runpy
 from pathlib import Path
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from crashbench import scenario
-from crashbench.model import thresholds
 from crashbench.model.results import Result
 from crashbench.report import store
+from tests.expectations import assert_each_can_fail, failing
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "readme" / "library-scenarios"
@@ -41,22 +40,5 @@ def test_every_library_expectation_holds_on_the_committed_runs(name: str) -> Non
     # Every library design the scenario lists ran, and each has expectations of its own.
     assert libraries == set(sc.run.designs) - set(LAB["BUILTIN"]) and len(libraries) == 17
     assert libraries <= set(sc.expect)
-    failed = [
-        (run.design, run.seed, t.rule(), res.actual)
-        for run in runs
-        for t in sc.expect[run.design]
-        if (res := thresholds.evaluate(t, run.design, [run], None)).status != "pass"
-    ]
-    assert failed == []
-    # Each expectation can fail: the figure it reads, moved just past its bound on a copy of the run, breaks it.
-    first = {run.design: run for run in reversed(runs)}
-    for design, run in first.items():
-        for t in sc.expect[design]:
-            metric, op, bound = t.rule().split(" ", 2)
-            bad = copy.deepcopy(run)
-            target = int(bound) if bound.isdigit() else getattr(run.counts, bound)
-            moved = {"==": target + 1, "<=": target + 1, ">=": target - 1, ">": target, "<": target}[op]
-            if moved < 0:
-                continue  # ">= 0"-like bounds are not written (tests/test_thresholds.py refuses them)
-            setattr(bad.counts, metric, moved)
-            assert thresholds.evaluate(t, design, [bad], None).status == "fail", (design, t.rule())
+    assert failing(sc, runs) == []
+    assert_each_can_fail(sc, runs)

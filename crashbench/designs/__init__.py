@@ -244,6 +244,8 @@ class LibraryDesign(Design):
     cluster_client: ClassVar[bool] = False
     # True when the adapter runs the user's own app ([app]: crashbench.designs.app) as well as crashbench's handler.
     runs_apps: ClassVar[bool] = False
+    # Why the library's own Sentinel support cannot run this configuration (refused under sentinel-kill), or "".
+    no_sentinel: ClassVar[str] = ""
 
     def load_app(self, python: WorkerPython | None) -> None:
         """With an [app], in the harness before any worker starts: load what the harness needs of the

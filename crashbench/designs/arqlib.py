@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -198,7 +198,6 @@ class ArqQueue(LibraryDesign):
         pipe.execute()
 
     def serve(self, worker: str, ready: Callable[[], None]) -> None:
-        from arq.connections import RedisSettings
         from arq.worker import Worker, func
 
         if self.settings.task:
@@ -211,14 +210,25 @@ class ArqQueue(LibraryDesign):
         Worker(
             functions=[func(crashbench_handle, name=FUNCTION)],
             queue_name=self.queue,
-            redis_settings=RedisSettings.from_dsn(self.url()),
+            redis_settings=self.redis_settings(),
             on_startup=startup,
             **self.worker_options(),
         ).run()
 
+    def redis_settings(self) -> Any:
+        """arq's RedisSettings of the run's server; on a Sentinel topology (a worker's, under sentinel-kill),
+        arq's own Sentinel settings: the sentinels as its host list, sentinel=True, the master's name."""
+        from arq.connections import RedisSettings
+
+        if (parts := sentinels.topology(self.r)) is None:
+            return RedisSettings.from_dsn(self.url())
+        return RedisSettings(
+            host=list(parts.sentinels), sentinel=True, sentinel_master=parts.master, database=parts.db,
+            password=parts.password,
+        )  # fmt: skip
+
     def _serve_app(self, ready: Callable[[], None]) -> None:
         """The user's settings, on the run's server and queue, with the ledger's hooks (module docstring)."""
-        from arq.connections import RedisSettings
         from arq.worker import Worker
 
         kwargs = _app_kwargs(self.settings.app)
@@ -243,10 +253,10 @@ class ArqQueue(LibraryDesign):
             finally:
                 contexts.ended(job_id(ctx["job_id"]), ctx.get(DONE) is True)
 
-        run = RedisSettings.from_dsn(self.url())
+        run = self.redis_settings()
         theirs = kwargs.get("redis_settings")
-        address = {f: getattr(run, f) for f in ADDRESS}
-        redis_settings = dataclasses.replace(theirs, **address, sentinel=False) if theirs is not None else run
+        address = {f: getattr(run, f) for f in (*ADDRESS, "sentinel", "sentinel_master")}
+        redis_settings = dataclasses.replace(theirs, **address) if theirs is not None else run
         functions[self.settings.task] = _watched(functions[self.settings.task])
         kwargs.pop("redis_pool", None)
         kwargs.update(functions=list(functions.values()), queue_name=self.queue, redis_settings=redis_settings,

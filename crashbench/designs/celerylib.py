@@ -56,7 +56,7 @@ import redis
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_ready
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -107,9 +107,20 @@ class CeleryQueue(LibraryDesign):
         if settings.app:
             self.app = self._user_app()
             return
-        self.app = Celery("crashbench", broker=self.url(), set_as_current=False)
+        self.app = Celery("crashbench", broker=self._broker_url(), set_as_current=False)
         self.app.conf.update(self._config())
         self.app.task(name=TASK, ignore_result=True)(handle)
+
+    def _broker_url(self) -> str:
+        """The run's server as Celery's broker_url: on a Sentinel topology (a worker's, under sentinel-kill),
+        kombu's own `sentinel://` URL, its master's name in the transport options (`_sentinel_options`)."""
+        parts = sentinels.topology(self.r)
+        return self.url() if parts is None else sentinels.kombu_url(parts)
+
+    def _sentinel_options(self) -> dict[str, Any]:
+        """kombu's Sentinel transport option, on a Sentinel topology: the master's name."""
+        parts = sentinels.topology(self.r)
+        return {} if parts is None else {"master_name": parts.master}
 
     def _user_app(self) -> Celery:
         """The user's app, pointed at the run's server, in the run's namespace; its own settings kept."""
@@ -117,17 +128,20 @@ class CeleryQueue(LibraryDesign):
         if not isinstance(app, Celery):
             raise UsageError(f"app {spec} is a {type(app).__name__}, not a Celery app (celery.Celery)")
         broker = str(app.conf.broker_url or "redis://")
-        if not broker.startswith(("redis://", "rediss://", "redis+socket://")):
+        if not broker.startswith(("redis://", "rediss://", "redis+socket://", "sentinel://")):
             raise UsageError(f"app {spec} uses the broker {redact_url(broker)}: crashbench tests it on Redis only")
         if (task := app.tasks.get(self.settings.task)) is None:
             names = sorted(n for n in app.tasks if not n.startswith("celery."))
             raise UsageError(f"app {spec} has no task {self.settings.task!r}", hint=f"its tasks: {', '.join(names)}")
-        transport = {**(app.conf.broker_transport_options or {}), "global_keyprefix": self.prefix}
-        conf = {"broker_url": self.url(), "broker_read_url": None, "broker_write_url": None,
+        on_sentinel = self._sentinel_options()
+        transport = {**(app.conf.broker_transport_options or {}), "global_keyprefix": self.prefix, **on_sentinel}
+        conf = {"broker_url": self._broker_url(), "broker_read_url": None, "broker_write_url": None,
                 "broker_transport_options": transport, "worker_hijack_root_logger": False,
                 "broker_connection_retry_on_startup": True}  # fmt: skip
-        if str(app.conf.result_backend or "").startswith(("redis://", "rediss://")):
-            conf["result_backend"] = self.url()
+        if str(app.conf.result_backend or "").startswith(("redis://", "rediss://", "sentinel://")):
+            conf["result_backend"] = self._broker_url()  # Celery's Redis backend takes sentinel:// too
+            conf["result_backend_transport_options"] = {**(app.conf.result_backend_transport_options or {}),
+                                                        **on_sentinel}  # fmt: skip
         if self.settings.concurrency:
             conf["worker_concurrency"] = self.settings.concurrency
         if app._pool is not None:  # connections of an earlier run in this process (another server) go
@@ -156,6 +170,7 @@ class CeleryQueue(LibraryDesign):
         options = dict(self.settings.options)  # the scenario's [library.<design>]: Celery settings
         transport.update(options.pop("broker_transport_options", {}))
         transport["global_keyprefix"] = self.prefix  # crashbench's namespace always wins
+        transport.update(self._sentinel_options())  # and the run's master, on a Sentinel topology
         config["worker_concurrency"] = self.concurrency()
         config["worker_pool"] = self.pool
         return {**config, **options}
@@ -264,6 +279,17 @@ class CeleryGevent(CeleryAcksLate):
     pool = "gevent"
     requires = ("gevent",)
     worker_module = "crashbench.run.gevent_worker"  # patches before anything imports socket
+
+    def _broker_url(self) -> str:
+        """The run's server as Celery's broker_url: on a Sentinel topology (a worker's, under sentinel-kill),
+        kombu's own `sentinel://` URL, its master's name in the transport options (`_sentinel_options`)."""
+        parts = sentinels.topology(self.r)
+        return self.url() if parts is None else sentinels.kombu_url(parts)
+
+    def _sentinel_options(self) -> dict[str, Any]:
+        """kombu's Sentinel transport option, on a Sentinel topology: the master's name."""
+        parts = sentinels.topology(self.r)
+        return {} if parts is None else {"master_name": parts.master}
 
     def _user_app(self) -> Celery:
         """The user's app on the gevent pool: its worker is monkey-patched, whatever pool the app names."""

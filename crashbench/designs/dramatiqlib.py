@@ -59,7 +59,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.message import Message
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -139,7 +139,7 @@ class DramatiqQueue(LibraryDesign):
         # The scenario's [library.<design>]: RedisBroker arguments, and the Worker's worker_threads.
         options.update(settings.options)
         self.threads = int(options.pop("worker_threads", self.concurrency()))
-        self.broker = RedisBroker(url=self.url(), namespace=self.ns, **options)
+        self.broker = RedisBroker(client=self._client(), namespace=self.ns, **options)
         self.broker.add_middleware(CurrentMessage())
         retry_options = {}
         if self.reliable:  # retries on crashbench's schedule, not Dramatiq's 15 s minimum backoff
@@ -179,13 +179,21 @@ class DramatiqQueue(LibraryDesign):
         self.threads = int(options.pop("worker_threads", self.concurrency()))
         if options:
             raise UsageError(f"[library.{self.name}] {', '.join(options)}: with --app, set them on your own broker")
-        broker.client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(self.url()))
+        broker.client = self._client()
         broker.scripts = {name: broker.client.register_script(s.script) for name, s in broker.scripts.items()}
         broker.namespace = self.ns
         # A process's own id, as the dramatiq command's processes each import the app afresh: a worker
         # forked from the harness would otherwise heartbeat for every other, and a dead one's never expire.
         broker.broker_id = str(uuid.uuid4())
         self.broker, self.queue = broker, self.actor.queue_name
+
+    def _client(self) -> redis.Redis:
+        """The broker's client of the run's server. Dramatiq has no Sentinel support of its own: on a Sentinel
+        topology (a worker's, under sentinel-kill), redis-py's Sentinel client, which RedisBroker takes."""
+        parts = sentinels.topology(self.r)
+        if parts is not None:
+            return sentinels.master(parts)
+        return redis.Redis(connection_pool=redis.ConnectionPool.from_url(self.url()))
 
     def redelivery_s(self) -> float:
         # A dead worker's messages go back once its heartbeat is heartbeat_timeout old, in the first

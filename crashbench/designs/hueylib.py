@@ -39,7 +39,7 @@ from huey.api import Huey
 from huey.storage import RedisStorage
 from huey.utils import normalize_time
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -82,7 +82,7 @@ class HueyQueue(LibraryDesign):
             self.huey, self.task = self._user_huey()
             return
         # The scenario's [library.<design>]: RedisHuey arguments.
-        self.huey = RedisHuey(name=prefix, url=self.url(), **{"results": False, **settings.options})
+        self.huey = RedisHuey(name=prefix, **self._server(), **{"results": False, **settings.options})
         self.task = self.huey.task(name="crashbench_handle")(handle)
 
     def _user_huey(self) -> tuple[Huey, Any]:
@@ -108,8 +108,14 @@ class HueyQueue(LibraryDesign):
             what = "no task" if not found else "more than one task named"
             raise UsageError(f"app {spec} has {what} {task!r}", hint=f"its tasks: {names} (or give module.name)")
         huey.name = self.prefix
-        huey.storage = huey.get_storage(**storage_settings(huey), url=self.url())
+        huey.storage = huey.get_storage(**storage_settings(huey), **self._server())
         return huey, found[0]
+
+    def _server(self) -> dict[str, Any]:
+        """Where huey's Redis storage connects: the run's URL. huey has no Sentinel support of its own: on a
+        Sentinel topology (a worker's, under sentinel-kill), redis-py's Sentinel pool (connection_pool=)."""
+        parts = sentinels.topology(self.r)
+        return {"url": self.url()} if parts is None else {"connection_pool": sentinels.master(parts).connection_pool}
 
     def enqueue(self, jobs: Sequence[Job]) -> None:
         if not self.settings.task:

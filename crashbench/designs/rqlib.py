@@ -61,7 +61,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -94,13 +94,23 @@ class RQQueue(LibraryDesign):
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         super().__init__(client, prefix, settings)
-        pool = client.connection_pool
-        kwargs = {**pool.connection_kwargs, "decode_responses": False}  # RQ stores pickled data
-        self.raw = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+        self.raw = self._connection(client)
         # RQ job ids (queue name + "-" + crashbench's id) may hold letters, digits, "_" and "-" only.
         self.qname = "crashbench-" + re.sub(r"[^A-Za-z0-9_-]+", "-", prefix.removeprefix("crashbench:")).strip("-")
         self.queue = Queue(self.qname, connection=self.raw)
         self.task = self._user_task() if settings.task else self.TASK
+
+    @staticmethod
+    def _connection(client: redis.Redis) -> redis.Redis:
+        """RQ's connection (bytes: RQ stores pickled data) to the client's server; on a Sentinel topology (a
+        worker's, under sentinel-kill), the one RQ builds from its own SENTINEL settings."""
+        if (parts := sentinels.topology(client)) is not None:
+            from rq.cli.helpers import get_redis_from_config
+
+            return get_redis_from_config(sentinels.rq_settings(parts))
+        pool = client.connection_pool
+        kwargs = {**pool.connection_kwargs, "decode_responses": False}
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
     def _user_task(self) -> str:
         """The user's function, by the dotted path RQ enqueues it by; imported here to check it exists."""

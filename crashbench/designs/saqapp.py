@@ -60,7 +60,7 @@ def describe_app(spec: str, task: str) -> dict[str, Any]:
 
 def serve_app(design: Any, ready: Callable[[], None]) -> None:
     """The user's Worker on the run's queue, with the ledger's hooks (a saqlib design's `serve`)."""
-    from saq import Queue, Worker
+    from saq import Worker
     from saq.job import Status
 
     settings = _settings(design.settings.app)
@@ -90,7 +90,7 @@ def serve_app(design: Any, ready: Callable[[], None]) -> None:
     async def main() -> None:
         # As saqlib's own worker: the default executor (asyncio.to_thread) as wide as the concurrency.
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(options["concurrency"]))
-        queue = Queue.from_url(design.url(), name=design.queue)
+        queue = design.saq_queue()
         try:
             await queue.connect()
             await Worker(**{**settings, "queue": queue}).start()

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, observe_for, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -255,7 +255,7 @@ class SaqQueue(LibraryDesign):
 
             serve_app(self, ready)
             return
-        from saq import Queue, Worker
+        from saq import Worker
 
         async def startup(ctx: dict[str, Any]) -> None:
             ready()
@@ -266,7 +266,7 @@ class SaqQueue(LibraryDesign):
             # the concurrency, so no job waits for a thread while its timeout runs.
             options = self.worker_options()
             asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(options["concurrency"]))
-            queue = Queue.from_url(self.url(), name=self.queue)
+            queue = self.saq_queue()
             try:
                 await queue.connect()
                 await Worker(queue, functions=[(FUNCTION, crashbench_handle)], startup=startup, **options).start()
@@ -274,6 +274,18 @@ class SaqQueue(LibraryDesign):
                 await queue.disconnect()
 
         asyncio.new_event_loop().run_until_complete(main())
+
+    def saq_queue(self) -> Any:
+        """saq's queue on the run's server, in the worker's event loop. saq has no Sentinel support of its own:
+        on a Sentinel topology (a worker's, under sentinel-kill), redis.asyncio's Sentinel client, which saq's
+        Redis queue takes as its client."""
+        from saq import Queue
+
+        if (parts := sentinels.topology(self.r)) is None:
+            return Queue.from_url(self.url(), name=self.queue)
+        from saq.queue.redis import RedisQueue
+
+        return RedisQueue(sentinels.async_master(parts), name=self.queue)
 
     def backlog(self) -> int:
         # `incomplete` holds every job not ended, but not always: a job a stale sweep retried while it

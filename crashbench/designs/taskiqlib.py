@@ -43,6 +43,14 @@ stream broker has no claim at all (no XAUTOCLAIM, no idle_timeout or xread_count
 COUNT, so a worker takes every entry there is), so a dead worker's entries stay pending for good; and
 taskiq:reliable's settings are refused by it, which is that design's answer on a cluster.
 
+On a Sentinel topology (a worker's under sentinel-kill: crashbench.designs.sentinels) each design takes
+taskiq-redis's own Sentinel broker: ListQueueSentinelBroker for taskiq, RedisStreamSentinelBroker for
+taskiq:stream, given RedisStreamBroker's xread_block (2 s: its own 10 s outlasts redis-py 8's 5 s read
+timeout, so an idle worker would exit every 10 s). That broker has no claim at all (no XAUTOCLAIM, no
+idle_timeout or xread_count): a dead worker's entries, and those whose XACK the dead primary took with it,
+stay pending for good; taskiq:reliable's settings do not exist there, and it is refused under sentinel-kill.
+App mode on Sentinel hands the user's broker a redis.asyncio Sentinel pool.
+
 App mode ([app]: crashbench.designs.app): `--app module:broker`, the user's taskiq-redis broker (a
 ListQueueBroker under --design taskiq, a RedisStreamBroker under taskiq:stream or taskiq:reliable),
 and `--task NAME`, a task registered in it. The broker itself is kept (its class, options, tasks,
@@ -74,9 +82,16 @@ from taskiq import AsyncBroker, TaskiqEvents, TaskiqMessage, TaskiqMiddleware, T
 from taskiq.acks import AcknowledgeType
 from taskiq.cli.worker.run import shutdown_broker
 from taskiq.receiver import Receiver
-from taskiq_redis import ListQueueBroker, ListQueueClusterBroker, RedisStreamBroker, RedisStreamClusterBroker
+from taskiq_redis import (
+    ListQueueBroker,
+    ListQueueClusterBroker,
+    ListQueueSentinelBroker,
+    RedisStreamBroker,
+    RedisStreamClusterBroker,
+    RedisStreamSentinelBroker,
+)
 
-from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState
+from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
 from crashbench.designs import app as user
 from crashbench.designs.handler import handle
 from crashbench.errors import UsageError
@@ -176,10 +191,23 @@ class TaskiqList(LibraryDesign):
         """App mode: the user's broker on the run's server and keys (a new pool: one per event loop)."""
         pool = broker.connection_pool
         kept = {k: v for k, v in pool.connection_kwargs.items() if k not in ADDRESS and not k.startswith("ssl")}
-        broker.connection_pool = type(pool).from_url(self.url(), max_connections=pool.max_connections, **kept)
+        if (parts := sentinels.topology(self.r)) is not None:  # a Sentinel pool (redis.asyncio's) for its class
+            broker.connection_pool = sentinels.async_master(parts).connection_pool
+        else:
+            broker.connection_pool = type(pool).from_url(self.url(), max_connections=pool.max_connections, **kept)
         broker.queue_name = self.queue
 
+    def sentinel_options(self) -> dict[str, Any] | None:
+        """On a Sentinel topology (a worker's, under sentinel-kill), the arguments of taskiq-redis's own
+        Sentinel brokers (the sentinels, the master's name, the database and password); else None."""
+        if (parts := sentinels.topology(self.r)) is None:
+            return None
+        return {"sentinels": list(parts.sentinels), "master_name": parts.master, "db": parts.db,
+                "password": parts.password}  # fmt: skip
+
     def make_broker(self) -> AsyncBroker:
+        if (on_sentinel := self.sentinel_options()) is not None:
+            return ListQueueSentinelBroker(**on_sentinel, queue_name=self.queue, **self.broker_options)
         cls = ListQueueClusterBroker if self.on_cluster() else ListQueueBroker
         return cls(url=self.url(), queue_name=self.queue, **self.broker_options)
 
@@ -286,6 +314,9 @@ class TaskiqStream(TaskiqList):
                                    **self.broker_options}  # fmt: skip
 
     def make_broker(self) -> AsyncBroker:
+        if (on_sentinel := self.sentinel_options()) is not None:  # no claim there (module docstring)
+            options = {**on_sentinel, "queue_name": self.stream, "consumer_group_name": self.group}
+            return RedisStreamSentinelBroker(**options, **{"xread_block": XREAD_BLOCK_MS, **self.broker_options})
         cls = RedisStreamClusterBroker if self.on_cluster() else RedisStreamBroker
         return cls(url=self.url(), queue_name=self.stream, consumer_group_name=self.group, **self.broker_options)
 
@@ -366,3 +397,7 @@ class TaskiqReliable(TaskiqStream):
     name = "taskiq:reliable"
     summary = "taskiq, RedisStreamBroker with idle_timeout above the longest job and a claim pass per message"
     reliable = True
+    no_sentinel = (
+        "taskiq-redis's RedisStreamSentinelBroker has no claim (no XAUTOCLAIM, no idle_timeout or xread_count): "
+        "this configuration does not exist on Sentinel; taskiq:stream runs that broker as shipped"
+    )

@@ -129,10 +129,13 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
         on_sentinel = broker.fault in SENTINEL.kinds or broker.topology == "sentinel" or _sentinel_url(options)
-        if on_sentinel and cls.own_worker:
+        if on_sentinel and (why := getattr(cls, "no_sentinel", "")):
+            raise UsageError(f"{spec} cannot run behind Sentinel: {why}")
+        if broker.fault == "sentinel-partition" and cls.own_worker:
             raise UsageError(
-                f"{spec} behind Sentinel: a library's own Sentinel configuration is not built yet",
-                hint="run a built-in design (naive, reliable, stream, ...) under it",
+                f"{spec} under sentinel-partition: the split brain's minority workers are given the old primary's "
+                "own port, which a library's Sentinel configuration has no place for",
+                hint="run a built-in design (naive, reliable, stream, ...) under it; a library under sentinel-kill",
             )
         if broker.fault == "failover" and cls.own_worker and broker.failover_address == "new":
             raise UsageError(

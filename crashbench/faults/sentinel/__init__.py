@@ -12,7 +12,8 @@ A run with this fault gets a private topology, as every broker fault gets privat
 --redis-url and on a cluster). crashbench's own workers connect through the topology's `redis+sentinel://`
 URL (crashbench.control.connect), whose client asks the sentinels for the primary again after a
 connection error, as an application configured with Sentinel does; the harness reads the primary the
-sentinels name. The library adapters are refused until each one's own Sentinel configuration is built.
+sentinels name. The library adapters' workers connect through their library's own Sentinel configuration
+(crashbench.designs.sentinels).
 
 History: the broker fault's record (crashbench.model.faults.BrokerFaultRecord): when the primary was
 killed, what the harness read it held just before (its writes paused meanwhile, as for a broker kill),
@@ -118,7 +119,7 @@ def history(d: Driver) -> dict[str, Any]:
 
 
 def bands(tl: Timeline) -> list[Band]:
-    return servers.outage_bands((kill.KIND, quorum.KIND))(tl) + partition.bands(tl)
+    return servers.outage_bands((kill.KIND,))(tl) + quorum.bands(tl) + partition.bands(tl)
 
 
 FAMILY = FaultFamily(
@@ -136,7 +137,7 @@ FAMILY = FaultFamily(
     history=history,
     checkers=(*servers.BROKER.checkers, partition.split_brain, liveness.failover),
     bands=bands,
-    css=".band.sentinel-partition rect{fill:#f4a582;fill-opacity:.35}",
+    css=".band.sentinel-partition rect{fill:#f4a582;fill-opacity:.35}.band.sentinel-quorum.deciding rect{fill:#f6d88a}",
     rows=(
         ("acked on old primary", "acked_on_old_primary", False),
         ("refused on old primary", "refused_on_old_primary", False),

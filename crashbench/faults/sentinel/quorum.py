@@ -9,8 +9,9 @@ the record's back_at before its quorum_back_at would say it was.
 
 from __future__ import annotations
 
+from crashbench.faults.family import Band
 from crashbench.faults.sentinel.kill import SentinelFaults
-from crashbench.model.timeline import rel
+from crashbench.model.timeline import Timeline, rel
 
 KIND = "sentinel-quorum"
 
@@ -40,3 +41,23 @@ class QuorumFaults(SentinelFaults):
             self.mark(back, "quorum back")
         if self.down:
             self.await_promotion()  # while the quorum is lost too: a promotion then would be a finding
+
+
+def bands(tl: Timeline) -> list[Band]:
+    """The outage in two: no quorum (the primary dead, nobody able to promote), then the sentinels back
+    and deciding, until the promotion."""
+    f = tl.broker_fault
+    if f is None or f.kind != KIND:
+        return []
+    back = f.quorum_back_at
+    held = f"the primary held {f.held_at_fault} jobs"
+    returned = f"the sentinels back at {back:.3f} s" if back is not None else "the sentinels never back"
+    tip = f"two sentinels and the primary killed at {f.at:.3f} s ({held}); {returned}"
+    lost = Band(f.at, back, KIND, "quorum lost, primary killed", tip)
+    if back is None:
+        return [lost]
+    until = f"promoted at {f.back_at:.3f} s" if f.back_at is not None else "nothing promoted"
+    return [
+        lost,
+        Band(back, f.back_at, f"{KIND} deciding", "sentinels back", f"the sentinels back at {back:.3f} s, {until}"),
+    ]
