@@ -22,6 +22,7 @@ process dies) and unmounted with fusermount3 -u on every ending. It needs root, 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
@@ -34,10 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crashbench.control.reaper import die_with_parent
+import psutil
+
+from crashbench.control.reaper import become_subreaper, die_with_parent, end_sessions
 
 CONTROL = ".crashbench-power-cut"  # write "cut" or "tear" to MOUNT/CONTROL: the power cut
 PAGE = 4096
+FSNAME = "crashbench-lazyfs"  # its mounts in /proc/mounts
 
 
 def unavailable() -> str:
@@ -234,9 +238,12 @@ class LazyFS:
     def __init__(self, backing: Path, mount: Path) -> None:
         self.backing, self.mount = backing, mount
         self.proc: subprocess.Popen[bytes] | None = None
+        self.helpers: list[psutil.Process] = []
         self.log = backing.parent / f"{backing.name}.lazyfs.log"
 
     def start(self, timeout: float = 10.0) -> None:
+        become_subreaper()  # fusermount3's auto_unmount helper, which outlives the mount, stays ours to reap
+        before = {p.pid for p in _fusermounts()}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "crashbench.control.lazyfs", str(self.backing), str(self.mount)],
@@ -249,6 +256,9 @@ class LazyFS:
                 self.stop()
                 raise OSError(f"the lazy file system did not mount at {self.mount}: {self._log_tail()}")
             time.sleep(0.01)
+        # fusermount3's auto_unmount helper (it unmounts if the mount's process dies): a session of its
+        # own, re-parented to us once the fusermount3 that forked it exits; reaped in `stop`.
+        self.helpers = [p for p in _fusermounts() if p.pid not in before]
 
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-1000:].strip() if self.log.exists() else ""
@@ -271,7 +281,18 @@ class LazyFS:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            end_sessions({p.pid for p in self.helpers} | {self.proc.pid}, grace=2.0)
         self.log.unlink(missing_ok=True)
+
+
+def _fusermounts() -> list[psutil.Process]:
+    """fusermount3 processes of ours (the children of this process and theirs)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "fusermount3":
+                out.append(p)
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -279,6 +300,7 @@ def main(argv: list[str]) -> None:
 
     backing, mount = Path(argv[0]), argv[1]
     opts = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
+    opts["fsname"] = FSNAME
     fuse.FUSE(operations(backing), mount, foreground=True, direct_io=True, auto_unmount=True, **opts)
 
 
