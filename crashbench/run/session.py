@@ -21,6 +21,7 @@ from crashbench.control.provision import open_server
 from crashbench.control.server import cleanup_keys
 from crashbench.designs import load_design
 from crashbench.errors import ServerUnavailable, UsageError
+from crashbench.faults import power
 from crashbench.faults.broker import broker_servers
 from crashbench.faults.cluster import cluster_broker
 from crashbench.faults.sentinel import FAMILY as SENTINEL
@@ -124,6 +125,8 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
                 "the server: crashbench does that only to a server it started",
                 hint=f"{NO_URL} (each run then gets a private server with the scenario's persistence)",
             )
+        if broker.fault == power.KIND and (why := power.unavailable()):
+            raise UsageError(f"{power.KIND}: {why}")
         cls = load_design(spec)
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
@@ -189,7 +192,7 @@ def _check_cluster(plan: Plan) -> None:
     its replica, the one address a proxy or a namespace stands in front of)."""
     for scenario, _, _ in plan:
         broker = scenario.broker
-        if broker.fault in ("broker-kill", "failover", "eviction", *SENTINEL.kinds):
+        if broker.fault in ("broker-kill", "failover", "eviction", power.KIND, *SENTINEL.kinds):
             raise UsageError(f"a broker fault ({broker.fault}) acts on one server: not on a cluster yet")
         if any(isinstance(e, dict) and e.get("kind") == "network" for e in scenario.faults.schedule):
             raise UsageError(
@@ -302,6 +305,10 @@ def _run_on_server(
                         elif fault in SENTINEL.kinds:  # a private Sentinel topology per run
                             topology = topology_options(scenario)
                             broker = own.enter_context(sentinel_broker(options.server_binary, **topology))
+                            url = broker.url
+                        elif fault == power.KIND:  # a fresh server on a lazy file system per run
+                            disk = power.power_servers(scenario.broker.persistence, options.server_binary)
+                            broker = own.enter_context(disk)
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
                             persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"

@@ -31,10 +31,11 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 # eviction: a memory limit and an eviction policy for a while (crashbench.faults.eviction); sentinel-kill:
 # the primary of the run's own Sentinel topology killed, the sentinels fail over (crashbench.faults.sentinel);
 # sentinel-quorum: two of its three sentinels killed first, started again after `downtime`; sentinel-partition:
-# that primary cut off from the sentinels and most clients, a split brain
+# that primary cut off from the sentinels and most clients, a split brain; power-loss: broker-kill on a lazy
+# file system, every file cut back to what was fsynced before the restart (crashbench.faults.power)
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
                  "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum",
-                 "sentinel-partition")  # fmt: skip
+                 "sentinel-partition", "power-loss")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
 TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)

@@ -1,0 +1,101 @@
+"""Power loss (issue 31): the lazy file system (crashbench.control.lazyfs) and the power-loss broker
+fault (crashbench.faults.power). Real FUSE mounts, real servers; root and /dev/fuse needed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from crashbench.control import lazyfs
+from crashbench.control.lazyfs import LazyFS
+from crashbench.errors import UsageError
+from crashbench.model.spec import Scenario
+from crashbench.run.session import Options, run_designs
+
+WHY = lazyfs.unavailable()
+needs_fuse = pytest.mark.skipif(bool(WHY), reason=WHY or "")
+
+
+def _mounts() -> list[str]:
+    return [line for line in Path("/proc/mounts").read_text().splitlines() if lazyfs.FSNAME in line]
+
+
+def _ours() -> list[str]:
+    """Our processes: none may be left, not even a zombie (fusermount3's auto_unmount helper is one)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.append(f"{p.name()} ({p.status()})")
+    return out
+
+
+@needs_fuse
+def test_a_power_cut_keeps_what_was_fsynced_and_a_rename_carries_it(tmp_path: Path) -> None:
+    backing, mount = tmp_path / "disk", tmp_path / "mount"
+    backing.mkdir()
+    mount.mkdir()
+    (backing / "before").write_bytes(b"z" * 7)  # there at the mount: durable whole
+    disk = LazyFS(backing, mount)
+    disk.start()
+    try:
+        fd = os.open(mount / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, b"a" * 100)
+        os.fsync(fd)
+        os.write(fd, b"b" * 50)  # written, never synced
+        os.close(fd)
+        fd = os.open(mount / "temp", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"m" * 10)
+        os.fdatasync(fd)
+        os.write(fd, b"n")
+        os.close(fd)
+        os.rename(mount / "temp", mount / "manifest")  # durable as far as it was synced, not by the rename
+        (mount / "never").write_bytes(b"x" * 20)
+        assert [os.path.getsize(mount / n) for n in ("log", "manifest", "never", "before")] == [150, 11, 20, 7]
+        disk.power_cut()
+        assert (mount / "log").read_bytes() == b"a" * 100
+        assert (mount / "manifest").read_bytes() == b"m" * 10
+        assert [os.path.getsize(mount / n) for n in ("never", "before")] == [0, 7]
+        assert sorted(os.listdir(mount)) == ["before", "log", "manifest", "never"]  # the control file unlisted
+        with open(mount / "log", "ab") as f:  # writes go on after the cut, from its length
+            f.write(b"c")
+        assert os.path.getsize(backing / "log") == 101
+    finally:
+        disk.stop()
+    assert not os.path.ismount(mount) and _mounts() == [] and _ours() == []
+
+
+def _power_loss(persistence: str) -> Scenario:
+    """A backlog at the cut: the producer enqueues 2,000 jobs a second for 0.5 s, one worker runs 500 a
+    second, and the power goes at 0.45 s, during production."""
+    return Scenario.of(
+        name="power", jobs=1000, job_ms=2, workers=1, kills=0, fault="power-loss", fault_at=0.45, downtime=0.1,
+        produce_s=0.5, persistence=persistence, drain_timeout=15,
+    )  # fmt: skip
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_a_power_cut_loses_acknowledged_jobs_under_everysec_and_none_under_always() -> None:
+    runs = {p: run_designs(_power_loss(p), ["reliable"], Options()).runs[0] for p in ("aof-everysec", "aof-always")}
+    for run in runs.values():
+        bf = run.broker_fault
+        assert run.problems == [] and bf is not None and bf.kind == "power-loss" and bf.back_at is not None
+        assert run.counts.stranded == 0 and run.timings.drained
+    everysec, always = runs["aof-everysec"].counts, runs["aof-always"].counts
+    # Enqueues acknowledged since the last fsync, still queued at the cut: gone with the page cache.
+    assert everysec.lost > 0 and everysec.lost <= everysec.held_at_fault
+    assert always.lost == 0  # every acknowledged enqueue was fsynced before its acknowledgement
+    assert always.done + always.indeterminate == always.enqueued
+    assert _mounts() == [] and _ours() == []  # unmounted; its process, fusermount3's and the server's gone
+
+
+def test_power_loss_is_refused_with_its_reason_where_fuse_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from crashbench.faults import power
+
+    monkeypatch.setattr(power, "unavailable", lambda: "a lazy file system (FUSE) needs root: run crashbench as root")
+    with pytest.raises(UsageError, match=r"power-loss: a lazy file system \(FUSE\) needs root"):
+        run_designs(_power_loss("aof-everysec"), ["reliable"], Options())
