@@ -100,7 +100,8 @@ def outage_bands(kinds: tuple[str, ...]) -> Any:
         if f is None or f.kind not in kinds:
             return []
         what = {"broker-kill": "broker killed", "cluster-partition": "primary cut off",
-                "sentinel-kill": "primary killed", "sentinel-quorum": "quorum lost, primary killed"}.get(
+                "sentinel-kill": "primary killed", "sentinel-quorum": "quorum lost, primary killed",
+                "power-loss": "power cut"}.get(
                     f.kind, f"broker {f.kind}")  # fmt: skip
         back = f"back at {f.back_at:.3f} s" if f.back_at is not None else "never back"
         return [Band(f.at, f.back_at, f.kind, what, f"{what} at {f.at:.3f} s, {back} (held {f.held_at_fault} jobs)")]
