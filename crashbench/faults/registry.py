@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
-from crashbench.faults import deploy, eviction, network, sentinel, servers, signals
+from crashbench.faults import clock, deploy, eviction, network, sentinel, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
 FAMILIES: tuple[FaultFamily, ...] = (
@@ -16,6 +16,7 @@ FAMILIES: tuple[FaultFamily, ...] = (
     deploy.FAMILY,
     eviction.FAMILY,
     sentinel.FAMILY,
+    clock.FAMILY,
 )
 
 
