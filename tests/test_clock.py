@@ -65,9 +65,8 @@ def test_two_entries_skewing_one_slot_are_refused() -> None:
 def test_a_bad_clock_entry_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[faults]]\nkind = "clock"\nskew = "soon"\n')
-    proc = subprocess.run(
-        [sys.executable, "-m", "crashbench", "run", "-d", "rq", "-s", str(bad)], capture_output=True, text=True, cwd=ROOT
-    )
+    argv = [sys.executable, "-m", "crashbench", "run", "-d", "rq", "-s", str(bad)]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     problems = [line for line in proc.stderr.splitlines() if line.strip().startswith("- ")]
     assert len(problems) == 1 and "skew must be a number of seconds" in problems[0], proc.stderr
