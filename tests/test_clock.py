@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from crashbench.errors import UsageError
 from crashbench.faults.clock import preload
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, load, parse
@@ -83,3 +84,9 @@ def test_which_server_runs_under_libfaketime() -> None:
         works, why = preload.server_runs(redis_server, skew=30.0, timeout=3.0)
         print(why)
         assert works or "did not listen" in why or "exited" in why
+
+
+def test_a_clock_fault_without_libfaketime_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preload, "library", lambda: None)
+    with pytest.raises(UsageError, match="a clock fault needs libfaketime"):
+        preload.env(30.0, "/nowhere")

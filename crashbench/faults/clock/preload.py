@@ -1,7 +1,8 @@
 """libfaketime, preloaded into a process: where the library is, the environment that skews a process's
 wall clock, and whether a server binary runs under it.
 
-The library is the one the PyPI package `libfaketime` ships (`pip install 'crashbench[clock]'`), found
+The library is the one the PyPI package `libfaketime` ships (`pip install 'crashbench[clock]'`; a run with a clock fault
+without it stops before its first worker, exit 2), found
 by path without importing the package (its import reads the environment and may re-exec). LD_PRELOAD
 takes effect when a program is exec'd, so a skewed worker is exec'd into a fresh interpreter
 (crashbench.run.harness). FAKETIME="+30s" moves the wall clock (time.time(), datetime.now()) by a fixed
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from crashbench.control.interpreter import CLOCK_PROBE_ENV
+from crashbench.errors import UsageError
 
 PACKAGE = "libfaketime"
 LIBRARY = Path("vendor", "libfaketime", "src", "libfaketime.so.1")  # inside the package
@@ -48,7 +50,9 @@ def env(skew: float, probe: str) -> dict[str, str]:
     """What a worker's environment gains to run `skew` s off, appending its clocks' reading to `probe`."""
     so = library()
     if so is None:
-        raise RuntimeError("libfaketime is not installed (pip install 'crashbench[clock]')")
+        raise UsageError(
+            "a clock fault needs libfaketime, which is not installed", hint="pip install 'crashbench[clock]'"
+        )
     return {
         "LD_PRELOAD": str(so),
         "FAKETIME": faketime(skew),
