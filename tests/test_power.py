@@ -20,8 +20,13 @@ WHY = lazyfs.unavailable()
 needs_fuse = pytest.mark.skipif(bool(WHY), reason=WHY or "")
 
 
-def _mounts() -> list[str]:
-    return [line for line in Path("/proc/mounts").read_text().splitlines() if lazyfs.FSNAME in line]
+def _mounts(where: str | None = None) -> list[str]:
+    """This process's lazy file systems still mounted: those under `where`, else under a work directory of
+    this process's (crashbench.control.workdirs names them with its pid). Another test's, running in
+    another xdist worker at the same time, is not ours to count."""
+    mine = where if where is not None else f"-{os.getpid()}-"
+    lines = Path("/proc/mounts").read_text().splitlines()
+    return [line for line in lines if lazyfs.FSNAME in line and mine in line]
 
 
 def _ours() -> list[str]:
@@ -65,7 +70,7 @@ def test_a_power_cut_keeps_what_was_fsynced_and_a_rename_carries_it(tmp_path: Pa
         assert os.path.getsize(backing / "log") == 101
     finally:
         disk.stop()
-    assert not os.path.ismount(mount) and _mounts() == [] and _ours() == []
+    assert not os.path.ismount(mount) and _mounts(str(tmp_path)) == [] and _ours() == []
 
 
 def _power_loss(persistence: str) -> Scenario:

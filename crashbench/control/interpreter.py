@@ -26,6 +26,9 @@ from crashbench.errors import UsageError
 # to every user in `ps`, and the spec file stays in a kept run directory; the environment is the
 # process's own. The same name as the CLI's variable, so a user's shell and a worker read alike.
 URL_ENV = "CRASHBENCH_REDIS_URL"
+# Where an exec'd worker appends its wall and monotonic clocks at start (crashbench.faults.clock): set only
+# for a worker whose clock a fault skews.
+CLOCK_PROBE_ENV = "CRASHBENCH_CLOCK_PROBE"
 
 CHECK_TIMEOUT = 60.0
 WORKER_MODULE = "crashbench.run.worker"  # what an exec'd worker runs, unless its design names its own

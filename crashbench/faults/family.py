@@ -85,6 +85,10 @@ def no_driver(run: FaultRun) -> Driver | None:
     return None
 
 
+def no_env(scenario: Scenario, slot: int) -> dict[str, str]:
+    return {}
+
+
 def no_history(driver: Driver) -> dict[str, Any]:
     return {}
 
@@ -153,6 +157,9 @@ class FaultFamily:
     # It faults the server: in each tick its driver steps after the producer's enqueue, which its fault
     # then meets; the others' (a fault on the connections) before it.
     on_server: bool = False
+    # A worker slot's own environment at every start (a preloaded library: the clock family's), "{dir}"
+    # standing for the run's work directory; a slot given one is exec'd into a fresh interpreter.
+    worker_env: Callable[[Scenario, int], dict[str, str]] = no_env
     # What it did, as Timeline fields (crashbench.model.timeline): records, readings, marks; a family
     # with no field of its own gives "fault_events" (FaultEvent: every family's are kept, in order).
     history: Callable[[Driver], dict[str, Any]] = no_history

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
-from crashbench.faults import deploy, eviction, network, power, sentinel, servers, signals
+from crashbench.faults import clock, deploy, eviction, network, power, sentinel, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
 FAMILIES: tuple[FaultFamily, ...] = (
@@ -17,6 +17,7 @@ FAMILIES: tuple[FaultFamily, ...] = (
     eviction.FAMILY,
     sentinel.FAMILY,
     power.FAMILY,
+    clock.FAMILY,
 )
 
 

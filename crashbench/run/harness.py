@@ -41,6 +41,10 @@ def _stay(slot: int) -> None:
     return None
 
 
+def _no_env(slot: int) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True, slots=True)
 class Workers:
     """How the harness starts its workers, beyond the design, its settings and the workload."""
@@ -53,6 +57,11 @@ class Workers:
     url_file: str | None = None  # with a broker fault: where the current server's URL is (failover)
     url_file_of: Callable[[int], str | None] = _no_url  # a slot's own url file (a split brain's minority), or None
     tree: bool = True  # a library's worker: signals reach the processes below it (Supervisor's `tree`)
+    # A slot's own environment (a preloaded library: crashbench.faults.clock), "{dir}" in a value standing
+    # for the work directory; a slot that has one is exec'd into a fresh interpreter, where LD_PRELOAD
+    # takes effect. `fresh`: some slot has one (the interpreter's link directory is made up front).
+    env: Callable[[int], dict[str, str]] = _no_env
+    fresh: bool = False
 
 
 class Harness:
@@ -85,6 +94,7 @@ class Harness:
         (self.dir / "logs").mkdir()
         (self.dir / "ledger").mkdir()
         self.python = workers.python or self._own_python()
+        self.fresh = self.python or (self._fresh_python() if workers.fresh else None)
         self.module = self.cls.worker_module or WORKER_MODULE
         self.ledger = Ledger(self.dir / "ledger")
         self.spec_file = self.dir / "worker.json"
@@ -98,8 +108,10 @@ class Harness:
     def _own_python(self) -> WorkerPython | None:
         """For a design whose worker starts in a fresh interpreter (Design.worker_module, gevent's):
         crashbench's own, when no --worker-python gives another."""
-        if not self.cls.worker_module:
-            return None
+        return self._fresh_python() if self.cls.worker_module else None
+
+    def _fresh_python(self) -> WorkerPython:
+        """crashbench's own interpreter, for the slots exec'd only for an environment of their own."""
         (path_dir := self.dir / "python").mkdir()
         python = WorkerPython(sys.executable, path_dir)
         python.redis_url = self.url
@@ -120,11 +132,15 @@ class Harness:
             out = self.dir / f"{name}.bare"
             return lambda: run_bare(wspec, name, out, parent, gate)
         path, spec_file, python = self.ledger.path_of(name), self.spec_file, self.python
+        extra = {k: v.replace("{dir}", str(self.dir)) for k, v in workers.env(slot).items()}
+        if extra:
+            python = self.fresh
 
         def worker() -> int:  # in the forked child
             workers.enter(slot)
             if (wp := python) is not None:
-                os.execve(wp.python, wp.argv(str(spec_file), name, str(path), str(parent), module=module), wp.env(url))
+                argv = wp.argv(str(spec_file), name, str(path), str(parent), module=module)
+                os.execve(wp.python, argv, {**wp.env(url), **extra})
             return run_worker(wspec, name, path, parent, gate)
 
         return worker

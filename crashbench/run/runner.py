@@ -120,9 +120,14 @@ class CrashRun:
             enter=lambda slot: self.net.enter(slot),
             python=worker_python, url_file=str(self.broker.url_file) if self.broker else None,
             url_file_of=self.broker.url_file_of if isinstance(self.broker, SentinelBroker) else _no_file,
+            env=self._worker_env, fresh=any(self._worker_env(s) for s in range(self.sc.workload.workers)),
         )  # fmt: skip
         settings, workload = self.sc.settings(self.spec), self.sc.workload_model()
         return Harness("run", self.spec, url, self.prefix, settings, workload, self.clock, workers)
+
+    def _worker_env(self, slot: int) -> dict[str, str]:
+        """A slot's own environment, from every fault family that gives one (the clock's)."""
+        return {k: v for f in registry.FAMILIES for k, v in f.worker_env(self.sc, slot).items()}
 
     def _inspect(self, url: str) -> None:
         """The harness's own connection (never the design's), to the primary that holds the run's slot;
