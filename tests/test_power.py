@@ -29,13 +29,20 @@ def _mounts(where: str | None = None) -> list[str]:
     return [line for line in lines if lazyfs.FSNAME in line and mine in line]
 
 
-def _ours() -> list[str]:
-    """Our processes: none may be left, not even a zombie (fusermount3's auto_unmount helper is one)."""
+def _ours(before: set[int]) -> list[str]:
+    """Our processes started since `before` (the pids of this process's children then: a fixture's server
+    of this xdist worker is not the test's): none may be left, not even a zombie (fusermount3's
+    auto_unmount helper is one)."""
     out = []
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            out.append(f"{p.name()} ({p.status()})")
+            if p.pid not in before:
+                out.append(f"{p.name()} ({p.status()})")
     return out
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 @needs_fuse
@@ -44,6 +51,7 @@ def test_a_power_cut_keeps_what_was_fsynced_and_a_rename_carries_it(tmp_path: Pa
     backing.mkdir()
     mount.mkdir()
     (backing / "before").write_bytes(b"z" * 7)  # there at the mount: durable whole
+    before = _children()
     disk = LazyFS(backing, mount)
     disk.start()
     try:
@@ -70,7 +78,7 @@ def test_a_power_cut_keeps_what_was_fsynced_and_a_rename_carries_it(tmp_path: Pa
         assert os.path.getsize(backing / "log") == 101
     finally:
         disk.stop()
-    assert not os.path.ismount(mount) and _mounts(str(tmp_path)) == [] and _ours() == []
+    assert not os.path.ismount(mount) and _mounts(str(tmp_path)) == [] and _ours(before) == []
 
 
 def _power_loss(persistence: str) -> Scenario:
@@ -101,6 +109,7 @@ def test_a_power_cut_loses_acknowledged_jobs_under_everysec_and_none_under_alway
             yield broker
 
     monkeypatch.setattr(power, "power_servers", watched)
+    before = _children()
     runs = {"aof-always": run_designs(_power_loss("aof-always"), ["reliable"], Options()).runs[0]}
     # everysec fsyncs once a second: one that falls in the harness's brief pause of writes before the kill
     # leaves the cut nothing to take. Then the run is made again (at most 3 times), on the cut's own record.
@@ -118,7 +127,7 @@ def test_a_power_cut_loses_acknowledged_jobs_under_everysec_and_none_under_alway
     assert everysec.lost > 0 and everysec.lost <= everysec.held_at_fault
     assert always.lost == 0  # every acknowledged enqueue was fsynced before its acknowledgement
     assert always.done + always.indeterminate == always.enqueued
-    assert _mounts() == [] and _ours() == []  # unmounted; its process, fusermount3's and the server's gone
+    assert _mounts() == [] and _ours(before) == []  # unmounted; its process, fusermount3's and the server's gone
 
 
 def test_power_loss_is_refused_with_its_reason_where_fuse_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
