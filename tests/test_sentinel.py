@@ -279,7 +279,10 @@ def test_with_the_quorum_lost_nothing_is_promoted_until_the_killed_sentinels_are
     assert run.problems == [] and bf is not None and bf.quorum_back_at is not None and bf.back_at is not None
     assert bf.quorum_back_at - bf.at >= 1.5 and bf.back_at - bf.quorum_back_at >= 1.0  # their down-after first
     assert c.promoted_without_quorum == 0 and c.stuck_workers == 0 and c.lost == c.held_at_fault
-    assert len(bf.slot_resume_ms) == 4 and all(ms is not None for ms in bf.slot_resume_ms)
+    # Every worker ran a job after the promotion, where there was one to run: a loaded machine's promotion can
+    # come after the producer's last enqueue, with nothing the killed primary held on the replicas.
+    after = [e for e in run.timeline.enqueues if e.ok and e.t > bf.back_at]
+    assert len(bf.slot_resume_ms) == 4 and (not after or all(ms is not None for ms in bf.slot_resume_ms))
     (topo,) = topologies
     pids = [p.proc.pid for p in topo.processes if p.proc is not None]
     assert len(pids) == 6 and not [pid for pid in pids if _alive(pid)]

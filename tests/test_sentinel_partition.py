@@ -25,8 +25,9 @@ from crashbench.model.workload import job_ids
 def _split(small: Scenario, monkeypatch: pytest.MonkeyPatch, **settings: object) -> tuple[DesignRun, list[int]]:
     """One reliable run under the split brain (short: the cut at 0.5 s, healed 0.3 s after the promotion),
     and the pids of every process its topology started (servers, sentinels, the proxy in front). The
-    producer enqueues 100 jobs a second, more than the minority's one worker runs (30 ms each): it cannot
-    complete everything the old primary takes (with 10 ms jobs it can, and nothing is lost)."""
+    producer enqueues 50 jobs a second until well after the heal whatever a loaded machine's timing, more
+    than the minority's one worker runs (30 ms each): it cannot complete everything the old primary takes
+    (with 10 ms jobs it can, and nothing is lost)."""
     from crashbench.run import session
     from crashbench.run.session import Options, run_designs
 
@@ -45,7 +46,7 @@ def _split(small: Scenario, monkeypatch: pytest.MonkeyPatch, **settings: object)
     monkeypatch.setattr(session, "sentinel_broker", watched)
     sc = small.replace(
         jobs=300, job_ms=30, workers=3, kills=0, fault="sentinel-partition", fault_at=0.5, downtime=0.3,
-        produce_s=3.0, minority_workers=1, socket_timeout=1.0, **settings,
+        produce_s=6.0, minority_workers=1, socket_timeout=1.0, **settings,
     )  # fmt: skip
     return run_designs(sc, ["reliable"], Options()).runs[0], pids
 
@@ -82,10 +83,11 @@ def test_under_min_replicas_to_write_the_old_primary_soon_refuses_and_what_it_to
     assert run.problems == [] and bf is not None and bf.back_at is not None and tl is not None
     assert c.refused_on_old_primary > 0  # NOREPLICAS: its replicas' acknowledgements stopped with the cut
     # It acknowledged only until its replicas' last acknowledgement was older than the max lag (Redis
-    # counts whole seconds, refreshed once a second): within 3 s of the cut, then refused every one.
+    # counts whole seconds, refreshed once a second): 1.2-2.4 s after the cut here, at most 5 s on a loaded
+    # machine, then refused every one.
     split = [e for e in tl.enqueues if e.t >= bf.at and (e.lag or not e.ok)]
     acked = [e.t for e in split if e.ok]
-    assert acked and max(acked) - bf.at < 3.0
+    assert acked and max(acked) - bf.at < 5.0
     assert all(not e.ok for e in split if e.t > min(e.t for e in split if not e.ok))
     assert c.lost == c.not_replicated == c.acked_during_lag <= c.acked_on_old_primary
     assert c.unconfirmed <= c.refused_on_old_primary and c.unexpected == 0
