@@ -280,17 +280,6 @@ class CeleryGevent(CeleryAcksLate):
     requires = ("gevent",)
     worker_module = "crashbench.run.gevent_worker"  # patches before anything imports socket
 
-    def _broker_url(self) -> str:
-        """The run's server as Celery's broker_url: on a Sentinel topology (a worker's, under sentinel-kill),
-        kombu's own `sentinel://` URL, its master's name in the transport options (`_sentinel_options`)."""
-        parts = sentinels.topology(self.r)
-        return self.url() if parts is None else sentinels.kombu_url(parts)
-
-    def _sentinel_options(self) -> dict[str, Any]:
-        """kombu's Sentinel transport option, on a Sentinel topology: the master's name."""
-        parts = sentinels.topology(self.r)
-        return {} if parts is None else {"master_name": parts.master}
-
     def _user_app(self) -> Celery:
         """The user's app on the gevent pool: its worker is monkey-patched, whatever pool the app names."""
         app = super()._user_app()
