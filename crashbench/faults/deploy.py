@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashbench.evidence.checker import History, Section, Sections, checker
-from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun, Mark
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun, Mark, slot_problems
 from crashbench.model.faults import DeployFault, Fault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline, rel
@@ -52,15 +52,8 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
         p.append(f"{where}: surge must be at-once or after-exit, not {entry.get('surge')!r}")
     if entry.get("target", "parent") not in TARGETS:
         p.append(f"{where}: target must be parent or tree, not {entry.get('target')!r}")
-    slots = entry.get("slots")
-    if slots is not None:
-        ok = isinstance(slots, list | tuple) and slots and all(
-            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < workers for s in slots
-        )  # fmt: skip
-        if not ok:
-            p.append(f"{where}: slots must be a list of worker slots, 0 to {workers - 1}, not {slots!r}")
-        elif len(set(slots)) != len(slots):
-            p.append(f"{where}: slots names a slot twice: {slots!r}")
+    if (slots := entry.get("slots")) is not None:
+        p += slot_problems(where, slots, workers)
     return p
 
 

@@ -65,6 +65,18 @@ Entry = dict[str, Any]
 DEFAULT_KIND = "signal"  # an entry that names no kind: a worker signal
 
 
+def slot_problems(where: str, slots: object, workers: int) -> list[str]:
+    """What is wrong with an entry's `slots` (a non-empty list of worker slots, each once), for its message."""
+    ok = isinstance(slots, list | tuple) and slots and all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < workers for s in slots
+    )  # fmt: skip
+    if not ok:
+        return [f"{where}: slots must be a list of worker slots, 0 to {workers - 1}, not {slots!r}"]
+    if len(set(slots)) != len(slots):  # type: ignore[arg-type]
+        return [f"{where}: slots names a slot twice: {slots!r}"]
+    return []
+
+
 def no_problems(entry: Entry, n: int, scenario: Scenario) -> list[str]:
     return []
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from crashbench.faults.clock import preload
-from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun
+from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun, slot_problems
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline
 
@@ -47,15 +47,7 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     skew = entry.get("skew")
     if isinstance(skew, bool) or not isinstance(skew, int | float) or not 0 < abs(skew) <= MAX_SKEW:
         p.append(f"{where}: skew must be a number of seconds, not 0 (+ ahead, - behind), not {skew!r}")
-    slots = entry.get("slots", [0])
-    ok = isinstance(slots, list | tuple) and slots and all(
-        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < workers for s in slots
-    )  # fmt: skip
-    if not ok:
-        p.append(f"{where}: slots must be a list of worker slots, 0 to {workers - 1}, not {slots!r}")
-    elif len(set(slots)) != len(slots):
-        p.append(f"{where}: slots names a slot twice: {slots!r}")
-    return p
+    return p + slot_problems(where, entry.get("slots", [0]), workers)
 
 
 def combinations(sc: Scenario) -> list[str]:
