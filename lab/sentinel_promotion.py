@@ -58,13 +58,19 @@ def _median(values: list[float | None]) -> str:
     return f"{statistics.median(known):.2f} s ({min(known):.2f}-{max(known):.2f})"
 
 
-def table(directory: Path) -> str:
+def _by_scenario_and_design(directory: Path) -> dict[tuple[str, str], list[DesignRun]]:
+    """The result files' runs, by (scenario, design), in the files' order; each must have its sentinel fault."""
     runs: dict[tuple[str, str], list[DesignRun]] = {}
     for path in sorted(directory.glob("*.json")):
         result = store.load(str(path))
         for run in result.runs:
             assert run.broker_fault is not None, f"{path}: a run without a sentinel fault"
             runs.setdefault((str(result.scenario["name"]), run.design), []).append(run)
+    return runs
+
+
+def table(directory: Path) -> str:
+    runs = _by_scenario_and_design(directory)
     lines = [
         "| scenario | design | runs | promotion, median (min-max) | slowest worker back after it | lost | "
         "held at the kill, never done | enqueues refused | acks lost (ran again) | mid-job at the kill, ran again | "
@@ -85,11 +91,7 @@ def table(directory: Path) -> str:
 
 
 def split_table(directory: Path) -> str:
-    runs: dict[tuple[str, str], list[DesignRun]] = {}
-    for path in sorted(directory.glob("*.json")):
-        result = store.load(str(path))
-        for run in result.runs:
-            runs.setdefault((str(result.scenario["name"]), run.design), []).append(run)
+    runs = _by_scenario_and_design(directory)
     lines = [
         "| scenario | design | runs | promotion, median (min-max) | acknowledged | ... by the old primary after "
         "the cut | refused by it | lost | lost of acknowledged | acks lost (ran again) | workers on old primary |",
@@ -116,10 +118,7 @@ def first_resume_s(run: DesignRun) -> float | None:
 
 
 def library_table(directory: Path) -> str:
-    runs: dict[str, list[DesignRun]] = {}
-    for path in sorted(directory.glob("*.json")):
-        for run in store.load(str(path)).runs:
-            runs.setdefault(run.design, []).append(run)
+    runs = {design: rs for (_, design), rs in _by_scenario_and_design(directory).items()}  # one scenario
     lines = [
         "| design | runs | promotion, median (min-max) | first worker back after it | slowest worker back | lost | "
         "stranded (held at the kill, never done) | ran twice (acks lost) | worker exits | stuck workers |",
