@@ -13,7 +13,13 @@ import pytest
 from crashbench.control import lazyfs
 from crashbench.control.lazyfs import LazyFS
 from crashbench.errors import UsageError
+from crashbench.evidence import aof
+from crashbench.evidence.checker import History, Sections
+from crashbench.evidence.search import Needle
+from crashbench.faults.power import cut
+from crashbench.jobids import JobIds
 from crashbench.model.spec import Scenario
+from crashbench.model.timeline import DesignFlags, Enqueue, FaultEvent, Timeline
 from crashbench.run.session import Options, run_designs
 
 WHY = lazyfs.unavailable()
@@ -115,9 +121,9 @@ def test_a_power_cut_loses_acknowledged_jobs_under_everysec_and_none_under_alway
     # leaves the cut nothing to take. Then the run is made again (at most 3 times), on the cut's own record.
     for _ in range(3):
         runs["aof-everysec"] = run_designs(_power_loss("aof-everysec"), ["reliable"], Options()).runs[0]
-        if any("aof" in name for name in brokers[-1].cut):
+        if any("aof" in name for name in brokers[-1].shortened):
             break
-    assert any("aof" in name for name in brokers[-1].cut), brokers[-1].cut
+    assert any("aof" in name for name in brokers[-1].shortened), brokers[-1].cut
     for run in runs.values():
         bf = run.broker_fault
         assert run.problems == [] and bf is not None and bf.kind == "power-loss" and bf.back_at is not None
@@ -125,9 +131,84 @@ def test_a_power_cut_loses_acknowledged_jobs_under_everysec_and_none_under_alway
     everysec, always = runs["aof-everysec"].counts, runs["aof-always"].counts
     # Enqueues acknowledged since the last fsync, still queued at the cut: gone with the page cache.
     assert everysec.lost > 0 and everysec.lost <= everysec.held_at_fault
-    assert always.lost == 0  # every acknowledged enqueue was fsynced before its acknowledgement
+    assert always.lost == 0 and always.enqueues_cut == 0  # every acknowledged enqueue was fsynced before its ack
     assert always.done + always.indeterminate == always.enqueued
+    for run in runs.values():
+        _lost_is_what_the_disk_lacks(run)
     assert _mounts() == [] and _ours(before) == []  # unmounted; its process, fusermount3's and the server's gone
+
+
+def _lost_is_what_the_disk_lacks(run: object) -> None:
+    """By id, from the ledger and the AOF the cut left (the event's lists): the jobs lost are exactly the
+    acknowledged enqueues no durable command names that had not run by the cut; the jobs the durable
+    state gave back (taken or acknowledged in memory only) all ran again, each a duplicate."""
+    tl, c = run.timeline, run.counts  # type: ignore[attr-defined]
+    ev = next(e for e in tl.fault_events if e.family == "power" and e.what == "cut")
+    done = {ex.job for ex in tl.executions if ex.end is not None and not ex.failed}
+    acked = {j for e in tl.enqueues if e.ok and e.t < ev.t for j in e.ids}
+    lost = {j for j in tl.acknowledged if j not in done}
+    assert lost == {j for j in acked - set(ev.data["durable"]) if j not in done}
+    assert c.lost == len(lost) and c.enqueues_cut == len(acked - set(ev.data["durable"]))
+    back = set(ev.data["held"]) - set(tl.held_at_fault)
+    assert c.acks_cut == len(back) == c.acks_cut_reran and c.duplicated >= c.acks_cut
+    runs_of = {j: sum(1 for ex in tl.executions if ex.job == j) for j in back}
+    assert all(n >= 2 for n in runs_of.values()), runs_of
+
+
+def _cut_timeline(synced: list[float] | None, durable: list[str], tear: bool = False) -> Timeline:
+    """A run of three chunks of two jobs, sent at 1.0, 2.0 and 3.0 s, and a cut at 4.0 s."""
+    tl = Timeline(
+        index=0, spec="reliable", variant="", prefix="p", repeat=0, scenario={}, design=DesignFlags(),
+        t0=0.0, started=0.0, window=5.0, produced=True,
+    )  # fmt: skip
+    tl.enqueues = [Enqueue(t, JobIds.of(ids)) for t, ids in ((1.0, ["a", "b"]), (2.0, ["c", "d"]), (3.0, ["e", "f"]))]
+    data = {"shortened": {}, "aof": True, "exact": True, "torn": 0, "tear": tear, "synced": synced,
+            "durable": durable, "cut": [], "held": None}  # fmt: skip
+    tl.fault_events = [FaultEvent("power", "cut", 4.0, data)]
+    return tl
+
+
+def test_the_power_check_fires_when_the_disk_and_the_fsyncs_disagree() -> None:
+    check = lambda tl: cut.power(History.of(tl), Sections())  # noqa: E731
+    # The AOF was last fsynced at 2.5 s: chunk 1 was acknowledged before chunk 2 was sent (2.0 s).
+    agree = check(_cut_timeline([2.5, 2.5], ["a", "b", "c", "d"]))
+    assert agree.problems == [] and agree.counts["enqueues_cut"] == 2
+    lost_synced = check(_cut_timeline([2.5, 2.5], ["c", "d"]))  # chunk 1 was fsynced, and is gone
+    assert [p.check for p in lost_synced.problems] == ["power_fsync"] and lost_synced.problems[0].ids == ["a", "b"]
+    kept_unsynced = check(_cut_timeline([2.5, 2.5], ["a", "b", "c", "d", "e"]))  # e was sent at 3.0 s
+    assert [p.ids for p in kept_unsynced.problems] == [["e"]]
+    assert check(_cut_timeline([2.5, 2.5], ["a", "b", "c", "d", "e"], tear=True)).problems == []  # a torn page
+    never = check(_cut_timeline(None, ["a"]))  # never fsynced: nothing can be on the disk
+    assert [p.ids for p in never.problems] == [["a"]] and never.counts["enqueues_cut"] == 5
+
+
+def test_an_aof_is_read_as_a_server_loads_it() -> None:
+    def resp(*args: str) -> bytes:
+        return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args)
+
+    token = "cbaaaaaaaaaa-"
+    needle = Needle(token)
+    body = resp("SELECT", "0") + resp("lpush", "q", f'{{"id":"{token}000001"}}')
+    body += resp("xadd", "s", "17-0", "id", f"{token}000002") + resp("XACK", "s", "g", "17-0")
+    whole = body + resp("MULTI") + resp("lpush", "q", f"{token}000003") + resp("EXEC")
+    cmds, torn = aof.commands(whole)
+    assert [c.name for c in cmds] == ["SELECT", "LPUSH", "XADD", "XACK", "MULTI", "LPUSH", "EXEC"] and torn == 0
+    unfinished = body + resp("MULTI") + resp("lpush", "q", f"{token}000003")  # no EXEC: reverted on load
+    cmds, torn = aof.commands(unfinished)
+    assert [c.name for c in cmds][-1] == "XACK" and torn == len(unfinished) - len(body)
+    cmds, torn = aof.commands(body[:-3])  # a torn last command
+    assert [c.name for c in cmds][-1] == "XADD" and torn == len(resp("XACK", "s", "g", "17-0")) - 3
+    named = aof.mentions(aof.Aof(files={"x.incr.aof": whole}), needle)
+    assert named == {"000001": ["LPUSH"], "000002": ["XADD", "XACK"], "000003": ["LPUSH"]}
+
+
+def test_wait_aof_is_refused_where_it_cannot_wait(tmp_path: Path) -> None:
+    sc = Scenario.of(name="w", jobs=10, job_ms=1, workers=1, kills=0, persistence="aof-everysec", wait_aof=1)
+    with pytest.raises(UsageError, match=r"naive cannot confirm an enqueue with WAITAOF"):
+        run_designs(sc, ["naive"], Options())
+    none = Scenario.of(name="w", jobs=10, job_ms=1, workers=1, kills=0, wait_aof=1)
+    with pytest.raises(UsageError, match=r"wait_aof needs an AOF to wait for: persistence is none"):
+        run_designs(none, ["reliable"], Options())
 
 
 def test_power_loss_is_refused_with_its_reason_where_fuse_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib.util
+import json
 import os
 import random
 import shutil
@@ -64,13 +65,19 @@ class Durability:
         self.root = root
         self.lock = threading.Lock()
         self.durable: dict[str, int] = {}
+        # each file's last fsync: CLOCK_MONOTONIC (one clock for the whole machine) just before and just
+        # after its length was read. A write acknowledged before the first is in that length; one begun
+        # after the second is not.
+        self.synced_at: dict[str, tuple[float, float]] = {}
         for path in root.rglob("*"):
             if path.is_file():
                 self.durable["/" + str(path.relative_to(root))] = path.stat().st_size
 
-    def synced(self, path: str, length: int) -> None:
+    def synced(self, path: str, length: int, at: tuple[float, float]) -> None:
+        """`path` fsynced at `length`, read between the times `at` (before, after reading the length)."""
         with self.lock:
             self.durable[path] = length
+            self.synced_at[path] = at
 
     def created(self, path: str) -> None:
         with self.lock:
@@ -86,16 +93,18 @@ class Durability:
             for p, n in moved.items():
                 del self.durable[p]
                 self.durable[new + p[len(old) :]] = n
+                if p in self.synced_at:
+                    self.synced_at[new + p[len(old) :]] = self.synced_at.pop(p)
 
     def removed(self, path: str) -> None:
         with self.lock:
             self.durable.pop(path, None)
 
-    def cut(self, tear: bool = False, rng: random.Random | None = None) -> dict[str, tuple[int, int]]:
+    def cut(self, tear: bool = False, rng: random.Random | None = None) -> dict[str, dict[str, Any]]:
         """Every file back to its durable length (with `tear`, plus a random prefix of the next page's
-        unsynced bytes); what each file was and is now, for those it shortened."""
+        unsynced bytes); per file, its length before and after, and when it was last fsynced (None: never)."""
         rng = rng or random.Random()
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, dict[str, Any]] = {}
         with self.lock:
             for path in self.root.rglob("*"):
                 if not path.is_file():
@@ -107,9 +116,14 @@ class Durability:
                     keep += rng.randint(0, min(PAGE - keep % PAGE, size - keep))
                 if keep < size:
                     os.truncate(path, keep)
-                    out[name] = (size, keep)
+                out[name] = {"before": size, "after": keep, "synced_at": self.synced_at.get(name)}
                 self.durable[name] = keep
         return out
+
+
+def record(backing: Path) -> Path:
+    """Where the mount's process writes its last cut's account: beside the backing directory, not in it."""
+    return backing.parent / f"{backing.name}.cut.json"
 
 
 def operations(backing: Path) -> Any:
@@ -166,7 +180,8 @@ def operations(backing: Path) -> Any:
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
             if fh == self.control_fh:
-                self.state.cut(tear=data.strip() == b"tear")
+                cut = self.state.cut(tear=data.strip() == b"tear")
+                record(backing).write_text(json.dumps(cut))  # the cut's own account, for LazyFS.power_cut
                 return len(data)
             return int(_call(fuse, os.pwrite, fh, data, offset))
 
@@ -178,7 +193,9 @@ def operations(backing: Path) -> Any:
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
-            self.state.synced(path, os.fstat(fh).st_size)  # the model is the disk: no real fsync
+            before = time.monotonic()
+            size = os.fstat(fh).st_size
+            self.state.synced(path, size, (before, time.monotonic()))  # the model is the disk: no real fsync
             return 0
 
         def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
@@ -263,10 +280,15 @@ class LazyFS:
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-1000:].strip() if self.log.exists() else ""
 
-    def power_cut(self, tear: bool = False) -> None:
-        """Every file back to what was fsynced (the writer must be dead: nothing writes meanwhile)."""
+    def power_cut(self, tear: bool = False) -> dict[str, dict[str, Any]]:
+        """Every file back to what was fsynced (the writer must be dead: nothing writes meanwhile). Per
+        file (a path under the mount, "/a/b"): its length before and after, and its last fsync's
+        CLOCK_MONOTONIC times (Durability.synced_at; None: never fsynced since the mount), as the file
+        system kept them."""
         with open(self.mount / CONTROL, "wb", buffering=0) as ctl:
             ctl.write(b"tear" if tear else b"cut")
+        out: dict[str, dict[str, Any]] = json.loads(record(self.backing).read_text())
+        return out
 
     def stop(self) -> None:
         """Unmount (lazily if busy) and end the mount's process; a no-op when it never started."""
@@ -283,6 +305,7 @@ class LazyFS:
                 self.proc.wait()
             end_sessions({p.pid for p in self.helpers} | {self.proc.pid}, grace=2.0)
         self.log.unlink(missing_ok=True)
+        record(self.backing).unlink(missing_ok=True)
 
 
 def _fusermounts() -> list[psutil.Process]:

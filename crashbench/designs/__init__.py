@@ -95,6 +95,7 @@ class Design(ABC):
     # True when `enqueue` delays each job by its Job.delay_s through the queue's own delay API; else a
     delays: ClassVar[bool] = False  # delayed workload is refused, with `no_delays` as the reason when set
     no_delays: ClassVar[str] = ""
+    waits_aof: ClassVar[bool] = False  # broker.wait_aof: its enqueue confirms with WAITAOF (crashbench.designs.durable)
 
     def __init__(self, client: redis.Redis, prefix: str, settings: DesignSettings) -> None:
         """One instance in the runner (enqueue, recover, backlog, state) and one in each worker process

@@ -30,7 +30,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from crashbench.designs import DesignSettings, Job, QueueState
+from crashbench.designs import DesignSettings, Job, QueueState, durable
 from crashbench.designs.reliable import ReliableQueue
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ class PriorityQueue(ReliableQueue):
         for job in jobs:
             p = priority or priority_of(job.payload)
             pipe.lpush(self.key(p), json.dumps({"id": job.id, "payload": job.payload, "attempts": 0, "priority": p}))
-        pipe.execute()
+        durable.ask(pipe, self.settings)
+        durable.check(pipe.execute(), self.settings)
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         keys = [self.key("high"), self.key("low"), self.key("processing", worker), self.key("heartbeats")]

@@ -29,7 +29,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, QueueState
+from crashbench.designs import Design, DesignSettings, EnqueueUnconfirmed, Job, QueueState, durable
 
 # KEYS: processing, pending, dead, requeued, stats, heartbeats [, high]
 # ARGV: max_attempts, worker, stale_before (a beat older than this is stale)
@@ -125,6 +125,7 @@ return n
 class ReliableQueue(Design):
     name = "reliable"
     counts_requeues = True
+    waits_aof = True
     summary = "BLMOVE to a per-worker processing list + heartbeats + Lua reaper: at-least-once"
     PENDING: ClassVar[str] = "pending"  # the list jobs wait in (the priority design's low list)
     DEAD_LETTERS = ("dead",)
@@ -157,6 +158,7 @@ class ReliableQueue(Design):
         if self.settings.wait_replicas:
             # Durable only once a replica has it: a failover before that loses an acknowledged job.
             pipe.wait(self.settings.wait_replicas, self.settings.wait_ms)
+        durable.ask(pipe, self.settings)
         try:
             replies = pipe.execute()
         except redis.RedisError as exc:
@@ -167,8 +169,9 @@ class ReliableQueue(Design):
             if isinstance(exc, redis.exceptions.MovedError):  # the old primary, demoted: nothing was pushed
                 raise EnqueueUnconfirmed(f"moved: {exc}") from None
             raise
+        durable.check(replies, self.settings)
         wanted = self.settings.wait_replicas
-        if wanted and replies[-1] < wanted:
+        if wanted and replies[-1 - bool(self.settings.wait_aof)] < wanted:
             raise EnqueueUnconfirmed(f"{replies[-1]} of {wanted} replicas in {self.settings.wait_ms} ms")
 
     def start_worker(self, worker: str, now: float) -> None:

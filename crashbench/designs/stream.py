@@ -39,7 +39,7 @@ from typing import ClassVar
 
 import redis
 
-from crashbench.designs import Design, DesignSettings, Entry, Job, QueueState
+from crashbench.designs import Design, DesignSettings, Entry, Job, QueueState, durable
 
 GROUP = "workers"
 
@@ -146,6 +146,7 @@ return #due
 class StreamQueue(Design):
     name = "stream"
     counts_requeues = True
+    waits_aof = True
     summary = "XADD + XREADGROUP + XACK, XAUTOCLAIM recovery in each consumer: at-least-once"
     DEAD_LETTERS = ("dead",)
     DELAYED = ("delayed",)
@@ -182,8 +183,10 @@ class StreamQueue(Design):
         for job in jobs:
             fields = {"id": job.id, "payload": job.payload, "attempts": 0}
             pipe.xadd(self.key("stream"), fields, maxlen=maxlen, approximate=self.settings.stream_approximate)
+        durable.ask(pipe, self.settings)
         entries = pipe.execute()
-        return entries if maxlen else None
+        durable.check(entries, self.settings)
+        return entries[: len(jobs)] if maxlen else None
 
     def fetch(self, worker: str, timeout: float, now: float) -> Job | None:
         try:

@@ -94,6 +94,12 @@ class Counts:
     # as it was promoted (the harness's reading of each side), done or not: what the old primary alone took
     old_primary_only: int = 0
     workers_on_old_primary: int = 0  # the minority's worker connections the old primary still served as it healed
+    # a power cut (power-loss, crashbench.faults.power.cut), by id from the AOF's bytes and the durable state:
+    enqueues_cut: int = 0  # enqueues acknowledged before the cut that no command of the AOF it left names
+    # jobs the durable state held that the server no longer held as it died: taken or acknowledged in memory,
+    # not on the disk, so they come back
+    acks_cut: int = 0
+    acks_cut_reran: int = 0  # ... of them, the jobs that ran again after the cut
     # deploys, rolling restarts (crashbench.faults.deploy): SIGTERM to each worker in turn, SIGKILL at the grace's end
     rollouts: int = 0  # rolling restarts made
     deploy_stops: int = 0  # workers a rollout sent SIGTERM to

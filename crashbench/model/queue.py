@@ -80,6 +80,7 @@ class DesignSettings:
     longest_job: float = 0.0  # seconds: the workload's longest handler, what a library's timeouts must exceed
     delayed: bool = False  # the workload delays jobs (workload.delay_s): a library's scheduler must run
     wait_replicas: int = 0  # after an enqueue, WAIT for this many replicas (designs that support it)
+    wait_aof: int = 0  # after an enqueue, WAITAOF for the server's own fsync of it (designs that support it)
     wait_ms: int = 100
     # crashbench's own workers: socket and connect timeout of their connection, seconds;
     # longer than their blocking pop, so a half-open connection becomes a reconnect, not a hang. 0: none.

@@ -106,6 +106,12 @@ class BrokerSpec:
     min_replicas_to_write: int = 0
     min_replicas_max_lag: int = 1
     minority_workers: int = 0
+    # power-loss (crashbench.faults.power): "clean" cuts every file back to what was fsynced; "torn" keeps a
+    # random prefix of the next page's unsynced bytes too, as a disk that wrote part of a page
+    power_cut: str = "clean"
+    # after each enqueue, WAITAOF for the server's own fsync of it (1; Redis 7.2, valkey), at most wait_ms: an
+    # enqueue not fsynced in time is indeterminate (reliable and stream designs)
+    wait_aof: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fault", broker_fault_name(self.fault))  # "kill": the old name of broker-kill

@@ -141,7 +141,8 @@ class Scenario:
                  ("payload_bytes", 0), ("maxmemory", "used+1mb"), ("maxmemory_policy", "allkeys-lru"),
                  ("fill", "neighbour"), ("neighbour_ttl", 0.0), ("limit_s", 1.0),
                  ("failover_address", "new"), ("topology", "single"), ("min_replicas_to_write", 0),
-                 ("min_replicas_max_lag", 1), ("minority_workers", 0))  # fmt: skip
+                 ("min_replicas_max_lag", 1), ("minority_workers", 0), ("power_cut", "clean"),
+                 ("wait_aof", 0))  # fmt: skip
         for key, default in (*later, *((name, "") for name in flat(AppSpec()))):
             if data[key] == default:
                 data.pop(key)

@@ -19,7 +19,7 @@ from crashbench.control import connect, workdirs
 from crashbench.control.interpreter import WorkerPython
 from crashbench.control.provision import open_server
 from crashbench.control.server import cleanup_keys
-from crashbench.designs import load_design
+from crashbench.designs import durable, load_design
 from crashbench.errors import ServerUnavailable, UsageError
 from crashbench.faults import power
 from crashbench.faults.broker import broker_servers
@@ -128,6 +128,11 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
         if broker.fault == power.KIND and (why := power.unavailable()):
             raise UsageError(f"{power.KIND}: {why}")
         cls = load_design(spec)
+        if broker.wait_aof and not broker.persistence.startswith("aof"):
+            raise UsageError(f"broker.wait_aof needs an AOF to wait for: persistence is {broker.persistence}")
+        if broker.wait_aof and not cls.waits_aof:
+            why = "reliable, priority and stream can"
+            raise UsageError(f"{spec} cannot confirm an enqueue with WAITAOF (broker.wait_aof): {why}")
         if scenario.workload.delay_s and not cls.delays:
             why = cls.no_delays or "it has no delay of its own that crashbench drives"
             raise UsageError(f"{spec} cannot delay a job (workload.delay_s {scenario.workload.delay_s:g}): {why}")
@@ -307,13 +312,16 @@ def _run_on_server(
                             broker = own.enter_context(sentinel_broker(options.server_binary, **topology))
                             url = broker.url
                         elif fault == power.KIND:  # a fresh server on a lazy file system per run
-                            disk = power.power_servers(scenario.broker.persistence, options.server_binary)
+                            torn = scenario.broker.power_cut == "torn"
+                            disk = power.power_servers(scenario.broker.persistence, options.server_binary, tear=torn)
                             broker = own.enter_context(disk)
                             url = broker.url
                         elif fault != "none":  # a fresh server per run, which the run may kill
                             persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"
                             broker = own.enter_context(broker_servers(fault, persistence, options.server_binary, kept))
                             url = broker.url
+                        if scenario.broker.wait_aof and (why := durable.missing(url)):
+                            raise UsageError(f"broker.wait_aof: {why}", hint="--server PATH to valkey-server")
                         target = RunTarget(
                             spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
                             external=server.external and broker is None,

@@ -48,6 +48,7 @@ from crashbench.scenario.settings import NUMBERS as NUMBERS
 from crashbench.scenario.settings import PERSISTENCE as PERSISTENCE
 from crashbench.scenario.settings import POSITIVE as POSITIVE
 from crashbench.scenario.settings import POSITIVE_INT as POSITIVE_INT
+from crashbench.scenario.settings import POWER_CUT as POWER_CUT
 from crashbench.scenario.settings import PRODUCE as PRODUCE
 from crashbench.scenario.settings import SECTION_OF as SECTION_OF
 from crashbench.scenario.settings import SECTIONS as SECTIONS

@@ -23,7 +23,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag",
                "failover_address", "topology", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s",
-               "min_replicas_to_write", "min_replicas_max_lag", "minority_workers"),
+               "min_replicas_to_write", "min_replicas_max_lag", "minority_workers", "power_cut", "wait_aof"),
     "run": ("drain_timeout", "designs"),
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
@@ -37,6 +37,7 @@ BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-fai
                  "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum",
                  "sentinel-partition", "power-loss")  # fmt: skip
 PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+POWER_CUT = ("clean", "torn")  # what a power cut leaves of the unsynced bytes (crashbench.model.sections.BrokerSpec)
 TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)
 # before: every job is enqueued before the workers start; during: the producer enqueues them over
@@ -96,7 +97,7 @@ NUMBERS: dict[str, Bound] = {
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "payload_bytes": COUNT, "neighbour_ttl": NON_NEGATIVE, "limit_s": POSITIVE,
     "min_replicas_to_write": Bound(True, 0, True, 2), "min_replicas_max_lag": POSITIVE_INT,
-    "minority_workers": COUNT,
+    "minority_workers": COUNT, "wait_aof": Bound(True, 0, True, 1),
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -104,12 +105,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kill_when": KILL_WHEN,
     "kill_target": KILL_TARGETS, "fault": BROKER_FAULTS, "persistence": PERSISTENCE, "produce": PRODUCE,
     "stream_trim": STREAM_TRIM, "maxmemory_policy": POLICIES, "fill": FILLS,
-    "failover_address": FAILOVER_ADDRESS, "topology": TOPOLOGY,
+    "failover_address": FAILOVER_ADDRESS, "topology": TOPOLOGY, "power_cut": POWER_CUT,
 }  # fmt: skip
 
 # Settings `crashbench sweep --param NAME=...` can vary: every number a scenario has.
 SWEEPABLE = tuple(
     name for section in ("workload", "faults", "queue", "run") for name in SECTIONS[section]
     if name not in ("job_dist", "crash_how", "job_work", "signal", "kill_when", "designs", "kill_target", "fault",
-                    "persistence", "produce", "stream_trim", "failover_address", "topology")
+                    "persistence", "produce", "stream_trim", "failover_address", "topology", "power_cut")
 )  # fmt: skip
