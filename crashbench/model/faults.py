@@ -178,6 +178,10 @@ class BrokerFaultRecord:
     quorum_back_at: float | None = None
     slot_resume_ms: list[float | None] = field(default_factory=list)
     stuck: list[int] = field(default_factory=list)
+    # A power cut (crashbench.faults.power.cut): ms from the AOF's last fsync to the cut (None: never fsynced,
+    # or no AOF), and ms from the sending of the oldest acknowledged enqueue the cut took to the cut (None: none)
+    unsynced_ms: float | None = None
+    lost_window_ms: float | None = None
 
     def __post_init__(self) -> None:
         self.kind = str(broker_fault_name(self.kind))  # "kill" in a result saved before the one name

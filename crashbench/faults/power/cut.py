@@ -27,6 +27,7 @@ tore a page (`tear`) or the kernel's writeback made it durable without one.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from crashbench.evidence.aof import mentions
@@ -93,17 +94,26 @@ def power(h: History, before: Sections) -> Section:
     at, d = ev.t, ev.data
     durable, counts, problems = set(d["durable"]), {}, []
     acked = acknowledged_before(tl, at)
+    fields: dict[str, Any] = {}
     if d["aof"] and d["exact"]:
         cut_ids = sorted(j for _, _, ids in acked for j in ids if j not in durable)
         counts["enqueues_cut"] = len(cut_ids)
         problems += _fsync_problems(acked, durable, d)
+        oldest = min((sent for sent, _, ids in acked if any(j not in durable for j in ids)), default=None)
+        if tl.broker_fault is not None:
+            fields["broker_fault"] = dataclasses.replace(
+                tl.broker_fault,
+                held_ids=list(tl.broker_fault.held_ids),
+                unsynced_ms=None if d["synced"] is None else round((at - d["synced"][1]) * 1000, 3),
+                lost_window_ms=None if oldest is None else round((at - oldest) * 1000, 3),
+            )
     if d["held"] is not None:
         # Held by the durable state, not by the server as it died (the harness's reading, writes paused):
         # taken or acknowledged in memory, and not on the disk.
         back = set(d["held"]) - set(tl.held_at_fault)
         reran = {ex.job for ex in tl.executions if ex.job in back and ex.start > at}
         counts["acks_cut"], counts["acks_cut_reran"] = len(back), len(reran)
-    return Section(FAMILY, counts=counts, problems=problems)
+    return Section(FAMILY, counts=counts, problems=problems, fields=fields)
 
 
 def _fsync_problems(acked: list[tuple[float, float, list[str]]], durable: set[str], d: dict[str, Any]) -> list[Problem]:
