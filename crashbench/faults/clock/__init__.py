@@ -29,7 +29,17 @@ from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun,
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline
 
-KEYS = ("kind", "skew", "slots", "target", "at", "duration", "strobe")
+KEYS = ("kind", "skew", "slots", "target", "at", "duration", "strobe", "monotonic")
+# A monotonic offset (a Linux time namespace: `unshare --time --monotonic N`, as root, works here: a child's
+# CLOCK_MONOTONIC measured 30.0 s ahead) is refused: the ledger's times are each worker's CLOCK_MONOTONIC, taken
+# as the harness's own (crashbench.model.ledger), so every execution of such a worker would land N s off on the
+# timeline and its counts with it; the libraries keep wall clocks in Redis, not monotonic ones; and the
+# namespace takes effect for a child of the process that enters it, so the worker would be a grandchild of
+# the pid the supervisor signals. docs/findings/clocks.md#monotonic-offsets.
+NO_MONOTONIC = (
+    "monotonic offsets are not offered: a worker's ledger times are its CLOCK_MONOTONIC, read as the harness's, "
+    "so a time namespace's offset would move its every execution on the timeline (docs/findings/clocks.md)"
+)
 TARGETS = ("workers", "server")
 MAX_SKEW = 10 * 365 * 86400.0  # ten years either way: a typo's bound, not libfaketime's
 MIN_STROBE = 0.05  # seconds: below the watch's resolution, a flip would go unmeasured
@@ -68,6 +78,8 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     skew = entry.get("skew")
     if isinstance(skew, bool) or not isinstance(skew, int | float) or not 0 < abs(skew) <= MAX_SKEW:
         p.append(f"{where}: skew must be a number of seconds, not 0 (+ ahead, - behind), not {skew!r}")
+    if "monotonic" in entry:
+        p.append(f"{where}: {NO_MONOTONIC}")
     if (target := entry.get("target", "workers")) not in TARGETS:
         p.append(f"{where}: target must be workers or server, not {target!r}")
     for key, low, strict in (("at", 0.0, False), ("duration", 0.0, True)):
@@ -200,7 +212,7 @@ def bands(tl: Timeline) -> list[Band]:
 
 FAMILY = FaultFamily(
     "clock",
-    "a worker's wall clock skewed ahead or behind (libfaketime preloaded), the skew measured at each start",
+    "a worker's or the embedded server's wall clock skewed, jumped or strobed (libfaketime preloaded), as measured",
     kinds=("clock",),
     keys=KEYS,
     problems=problems,
