@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -182,6 +182,15 @@ library-scenarios: $(STAMP) $(ARQ_STAMP)  ## docs/findings/library-scenarios.md'
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python lab/library_scenarios.py run results/readme/library-scenarios \
 	  --worker-python $(ARQ_PY) --lanes 2
 	$(BIN)/python lab/library_scenarios.py results/readme/library-scenarios
+
+# docs/findings/clocks.md's table: the clock scenarios (a worker ahead or behind, the server's clock jumping
+# ahead), one run each (about 3 minutes; saq's runs are the longest); the results in results/readme/clocks.
+CLOCK_SCENARIOS := clock-rq-abandoned clock-libraries-ahead clock-arq-behind clock-server-jump
+clocks: $(STAMP) $(ARQ_STAMP)  ## docs/findings/clocks.md's table (libraries under a skewed worker clock, a server clock jump)
+	rm -rf results/readme/clocks
+	for s in $(CLOCK_SCENARIOS); do \
+		$(BIN)/crashbench compare -s $$s --plain $(WP_ARGS) --out results/readme/clocks || exit $$?; done
+	$(BIN)/python lab/clocks.py results/readme/clocks
 
 # docs/findings/sentinel.md's table: the built-in designs under the sentinel faults (a private Sentinel topology per
 # run: its primary SIGKILLed, after two of its sentinels or under running handlers), 3 seeds each (about 3 minutes);

@@ -11,6 +11,7 @@ URL (crashbench.control.connect) is either form's: an external cluster, or the e
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import shutil
 import signal
@@ -83,8 +84,11 @@ PERSISTENCE_ARGS: dict[str, list[str]] = {
 
 
 class EmbeddedServer:
-    def __init__(self, binary: Path, persistence: str = "none", replica_of: int | None = None) -> None:
+    def __init__(
+        self, binary: Path, persistence: str = "none", replica_of: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.binary = binary
+        self.env = env  # added to the server's environment (a preloaded library: crashbench.faults.clock.server)
         self.persistence = persistence
         self.replica_of = replica_of  # the primary's port, for a replica
         self.dir = workdirs.make("server")
@@ -130,6 +134,7 @@ class EmbeddedServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
+                env={**os.environ, **self.env} if self.env else None,
             )
         except OSError as exc:
             raise ServerUnavailable(f"cannot start {self.binary}: {exc.strerror}", hint="check --server") from None

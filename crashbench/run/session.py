@@ -21,8 +21,9 @@ from crashbench.control.provision import open_server
 from crashbench.control.server import cleanup_keys
 from crashbench.designs import durable, load_design
 from crashbench.errors import ServerUnavailable, UsageError
-from crashbench.faults import power
+from crashbench.faults import clock, power
 from crashbench.faults.broker import broker_servers
+from crashbench.faults.clock import server as clockserver
 from crashbench.faults.cluster import cluster_broker
 from crashbench.faults.sentinel import FAMILY as SENTINEL
 from crashbench.faults.sentinel import topology_options
@@ -127,6 +128,11 @@ def _check_designs(plan: Plan, options: Options) -> dict[str, str]:
             )
         if broker.fault == power.KIND and (why := power.unavailable()):
             raise UsageError(f"{power.KIND}: {why}")
+        server_clock = clock.on_server(scenario) is not None
+        if server_clock and (
+            why := clockserver.refusal(scenario, options.redis_url, options.cluster, options.server_binary)
+        ):
+            raise UsageError(why)
         cls = load_design(spec)
         if broker.wait_aof and not broker.persistence.startswith("aof"):
             raise UsageError(f"broker.wait_aof needs an AOF to wait for: persistence is {broker.persistence}")
@@ -302,7 +308,7 @@ def _run_on_server(
             for repeat in range(options.repeat):
                 for index, (scenario, spec, variant) in enumerate(plan):
                     with contextlib.ExitStack() as own:
-                        url, broker, fault = server.url, None, scenario.broker.fault
+                        url, broker, fault, clock_file = server.url, None, scenario.broker.fault, ""
                         if embedded_cluster is not None and fault in CLUSTER_FAULTS:
                             # The session's cluster, its run's shard faulted and healed again after
                             broker = own.enter_context(cluster_broker(embedded_cluster, f"{{{run_id}}}"))
@@ -316,6 +322,10 @@ def _run_on_server(
                             disk = power.power_servers(scenario.broker.persistence, options.server_binary, tear=torn)
                             broker = own.enter_context(disk)
                             url = broker.url
+                        elif clock.on_server(scenario) is not None:  # a fresh server per run, its clock moved
+                            srv = clockserver.clock_server(options.server_binary, scenario.broker.persistence)
+                            url, offset = own.enter_context(srv)
+                            clock_file = str(offset)
                         elif fault != "none":  # a fresh server per run, which the run may kill
                             persistence, kept = scenario.broker.persistence, scenario.broker.failover_address == "kept"
                             broker = own.enter_context(broker_servers(fault, persistence, options.server_binary, kept))
@@ -325,7 +335,7 @@ def _run_on_server(
                         target = RunTarget(
                             spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
                             external=server.external and broker is None,
-                            workers_url=server.workers_url if broker is None else "",
+                            workers_url=server.workers_url if broker is None else "", clock_file=clock_file,
                         )  # fmt: skip
                         sc = with_overrides(scenario, seed=scenario.faults.seed + repeat)
                         python = options.python_for(load_design(spec).library)

@@ -27,6 +27,8 @@ class RunTarget:
     # behind Sentinel, what the workers are told (a redis+sentinel:// URL: they find the primary themselves),
     # while `url` is the primary the harness reads; "": `url`. Secret, as `url` is.
     workers_url: str = field(default="", repr=False)
+    # a server clock fault's libfaketime offset file (crashbench.faults.clock.server), which the run rewrites
+    clock_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)

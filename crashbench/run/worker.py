@@ -28,9 +28,9 @@ from types import FrameType
 
 import redis
 
-from crashbench.control import connect, memlimit
+from crashbench.control import clockprobe, connect, memlimit
 from crashbench.control.connect import DOWN, refused
-from crashbench.control.interpreter import CLOCK_PROBE_ENV, URL_ENV
+from crashbench.control.interpreter import URL_ENV
 from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.designs.handler import crash
 from crashbench.model.ledger import LedgerWriter
@@ -291,9 +291,7 @@ def real_url(shown: str, environ: Mapping[str, str] = os.environ) -> str:
 
 def main(argv: list[str]) -> int:
     spec_file, name, ledger_path, parent_pid = argv
-    if probe := os.environ.get(CLOCK_PROBE_ENV):  # a skewed clock (crashbench.faults.clock): its reading
-        with open(probe, "a") as f:
-            f.write(f"{name} {time.time()!r} {time.monotonic()!r}\n")
+    clockprobe.start(name)  # a skewed clock (crashbench.faults.clock): its reading, its watch
     spec = WorkerSpec.from_json(Path(spec_file).read_text())
     spec = dataclasses.replace(spec, redis_url=real_url(spec.redis_url))
     return run_worker(spec, name, Path(ledger_path), int(parent_pid))
