@@ -301,7 +301,10 @@ def main(argv: list[str]) -> None:
     backing, mount = Path(argv[0]), argv[1]
     opts = {"attr_timeout": 0, "entry_timeout": 0, "negative_timeout": 0}
     opts["fsname"] = FSNAME
-    fuse.FUSE(operations(backing), mount, foreground=True, direct_io=True, auto_unmount=True, **opts)
+    # One thread (nothreads): every operation is a short local system call, and a callback on one of
+    # libfuse's own threads costs the hand-over of the GIL (about 1.35x the AOF-always throughput of the
+    # multithreaded loop, lab/lazyfs_cost.py); operations then also run one at a time, the cut included.
+    fuse.FUSE(operations(backing), mount, foreground=True, nothreads=True, direct_io=True, auto_unmount=True, **opts)
 
 
 if __name__ == "__main__":
