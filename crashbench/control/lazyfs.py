@@ -168,7 +168,10 @@ def operations(backing: Path) -> Any:
             if fh == self.control_fh:
                 self.state.cut(tear=data.strip() == b"tear")
                 return len(data)
-            return int(_call(fuse, os.pwrite, fh, data, offset))
+            try:
+                return os.pwrite(fh, data, offset)
+            except OSError as exc:
+                raise fuse.FuseOSError(exc.errno) from None
 
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
             if self._ctl(path):
