@@ -40,15 +40,19 @@ def _sizes(root: Path) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def power_servers(persistence: str, binary: str | None, tear: bool = False) -> Iterator[PowerBroker]:
+def power_servers(
+    persistence: str, binary: str | None, tear: bool = False, writeback: float | None = None
+) -> Iterator[PowerBroker]:
     """A private server with the scenario's persistence on a fresh lazy file system, for one crash run;
-    the server stopped, the file system unmounted and everything removed on exit (an error included)."""
+    the server stopped, the file system unmounted and everything removed on exit (an error included).
+    `writeback`: the kernel's writeback, unsynced bytes durable that many seconds after their write (LazyFS;
+    None: only an fsync makes bytes durable, and the cut takes all a server that never fsyncs wrote)."""
     path = find_server_binary(binary)
     home = workdirs.make("broker")
     backing = home / "disk"
     backing.mkdir()
     primary = EmbeddedServer(path, persistence)
-    disk = LazyFS(backing, primary.dir)
+    disk = LazyFS(backing, primary.dir, writeback)
     try:
         disk.start()
         primary.start()
