@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
         return 2
     repeat, ops, clients = int(opts["--repeat"]), int(opts["--ops"]), int(opts["--clients"])
     binary = find_server_binary(None)
+    load_before = os.getloadavg()
     configs = CONFIGS if workdirs._memory_dir() is not None else CONFIGS[:2]
     rates: dict[str, list[float]] = {c: [] for c in configs}
     for i in range(repeat):
@@ -124,6 +125,7 @@ def main(argv: list[str]) -> int:
     for c, v in rates.items():
         print(f"{c}: {med[c]:.0f} ops/s median ({min(v):.0f}-{max(v):.0f}) of {repeat}")
     print(f"lazy/bare: x{ratio:.2f}")
+    print(f"load average before, after: {load_before[0]:.2f}, {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     if "memory" in med:
         print(f"lazy/memory: x{med['lazy'] / med['memory']:.2f}")
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
@@ -132,6 +134,7 @@ def main(argv: list[str]) -> int:
         "command": "python lab/lazyfs_cost.py " + " ".join(f"{k} {v}" for k, v in opts.items()),
         "persistence": PERSISTENCE, "ops": ops, "clients": clients, "payload_bytes": len(PAYLOAD),
         "repeat": repeat, "server": version, "kernel": platform.release(), "cpus": os.cpu_count(),
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),  # another process's load skews it
         "ops_per_s": rates, "median": med, "ratio": ratio,
         "ratio_memory": med["lazy"] / med["memory"] if "memory" in med else None,
     }  # fmt: skip
