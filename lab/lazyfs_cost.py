@@ -8,6 +8,7 @@ it replies). The two alternate, REPEATS times each; ops/s per configuration is t
 lazy/bare is of the medians. The figures and every repetition go to DIR/<timestamp>.json.
 
     python lab/lazyfs_cost.py [--repeat N] [--ops N] [--clients N] [--out DIR]   (make lazyfs-cost)
+    python lab/lazyfs_cost.py --table DIR     the table of docs/findings/power.md from DIR's files
 
 It needs what a power-loss run needs (root, /dev/fuse, fusermount3, mfusepy: lazyfs.unavailable()).
 """
@@ -100,7 +101,30 @@ def measure(config: str, binary: Path, ops: int, clients: int) -> float:
     return rate
 
 
+def table(directory: Path) -> str:
+    """One row per result file of `directory` (its "label", else its name), in the order they were written."""
+    rows = [
+        "| lazy file system | bare | lazy | memory | lazy / bare | lazy / memory | result file |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for path in sorted(directory.glob("*.json")):
+        d = json.loads(path.read_text())
+        cells = [
+            f"{d['median'][c]:,.0f} ({min(d['ops_per_s'][c]):,.0f}-{max(d['ops_per_s'][c]):,.0f})"
+            if c in d["median"]
+            else "-"
+            for c in CONFIGS
+        ]
+        memory = f"{d['ratio_memory']:.2f}×" if d.get("ratio_memory") else "-"
+        label = d.get("label", path.stem)
+        rows.append(f"| {label} | {' | '.join(cells)} | **{d['ratio']:.2f}×** | {memory} | `{path.name}` |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--table"] and len(argv) == 2:
+        print(table(Path(argv[1])))
+        return 0
     opts = {"--repeat": REPEATS, "--ops": OPS, "--clients": CLIENTS, "--out": "results/readme/lazyfs-cost"}
     while argv:
         if argv[0] not in opts or len(argv) < 2:

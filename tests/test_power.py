@@ -242,3 +242,19 @@ def test_power_servers_mounts_its_lazy_file_system_with_the_writeback_asked() ->
             args = broker.disk.proc.args
             assert (["--writeback", "0.25"] if writeback else []) == list(args[5:])  # type: ignore[index]
             assert broker.disk.durable()  # the server's files, as the mount's process has them
+
+
+def test_the_cost_table_of_the_findings_is_what_its_result_files_give() -> None:
+    """docs/findings/power.md's table of the layer's cost is lab/lazyfs_cost.py's rendering of
+    results/readme/lazyfs-cost (make lazyfs-cost)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    script, results = root / "lab" / "lazyfs_cost.py", root / "results" / "readme" / "lazyfs-cost"
+    table = subprocess.run(
+        [sys.executable, str(script), "--table", str(results)], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [row for row in table.splitlines() if row.startswith("|")]
+    doc = (root / "docs" / "findings" / "power.md").read_text()
+    assert len(rows) == 2 + len(list(results.glob("*.json"))) and all(row in doc for row in rows)
