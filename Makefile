@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead clean
+.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -235,6 +235,9 @@ report-screenshot: $(STAMP)  ## docs/report-compare.png: the default compare's H
 
 inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 	$(BIN)/python lab/inspector_cost.py
+
+lazyfs-cost: $(STAMP) system-deps  ## the lazy file system's cost: AOF-always ops/s on it against a bare directory (and one in RAM)
+	$(BIN)/python lab/lazyfs_cost.py --repeat 7 --out results/readme/lazyfs-cost
 
 plugin-overhead: $(STAMP)  ## the pytest plugin's cost: one test using the fixture vs crashbench run, 5 times each
 	$(BIN)/python lab/plugin_overhead.py 5

@@ -178,6 +178,11 @@ def test_the_power_check_fires_when_the_disk_and_the_fsyncs_disagree() -> None:
     kept_unsynced = check(_cut_timeline([2.5, 2.5], ["a", "b", "c", "d", "e"]))  # e was sent at 3.0 s
     assert [p.ids for p in kept_unsynced.problems] == [["e"]]
     assert check(_cut_timeline([2.5, 2.5], ["a", "b", "c", "d", "e"], tear=True)).problems == []  # a torn page
+    written_back = _cut_timeline([2.5, 2.5], ["a", "b", "c", "d", "e"])
+    written_back.fault_events[0].data["writeback"] = 0.5  # e, sent 1 s before the cut, may be written back
+    assert check(written_back).problems == []
+    written_back.fault_events[0].data["writeback"] = 1.5  # not yet
+    assert [p.ids for p in check(written_back).problems] == [["e"]]
     never = check(_cut_timeline(None, ["a"]))  # never fsynced: nothing can be on the disk
     assert [p.ids for p in never.problems] == [["a"]] and never.counts["enqueues_cut"] == 5
 
@@ -217,3 +222,125 @@ def test_power_loss_is_refused_with_its_reason_where_fuse_is_missing(monkeypatch
     monkeypatch.setattr(power, "unavailable", lambda: "a lazy file system (FUSE) needs root: run crashbench as root")
     with pytest.raises(UsageError, match=r"power-loss: a lazy file system \(FUSE\) needs root"):
         run_designs(_power_loss("aof-everysec"), ["reliable"], Options())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_writeback_makes_bytes_durable_writeback_seconds_after_their_write(tmp_path: Path) -> None:
+    """The model alone (lazyfs.Durability, no mount), on its own clock: bytes written at t are durable
+    from t + writeback on, fsynced or not; an fsync makes all durable at once; a rename carries the
+    history; without a writeback nothing is durable unsynced."""
+    clock = Clock()
+    state = lazyfs.Durability(tmp_path, writeback=30.0, now=clock)
+    lazy = lazyfs.Durability(tmp_path, writeback=None, now=clock)
+    log = tmp_path / "log"
+    for model in (state, lazy):
+        model.created("/log")
+    log.write_bytes(b"a" * 100)
+    for model in (state, lazy):
+        model.wrote("/log", 100)  # at 1000
+    clock.t += 10
+    with open(log, "ab") as f:
+        f.write(b"b" * 50)
+    for model in (state, lazy):
+        model.wrote("/log", 150)  # at 1010
+    clock.t += 0.001
+    state.wrote("/log", 150)  # the same grain (0.3 s): one entry, at its latest write
+    assert len(state.history["/log"]) == 2
+    clock.t = 1029.9
+    assert state.lengths()["/log"] == 0 and lazy.lengths()["/log"] == 0
+    clock.t = 1030.0
+    assert state.lengths()["/log"] == 100  # what was written 30 s ago
+    assert len(state.history["/log"]) == 1  # the entry written back, folded
+    state.renamed("/log", "/moved")
+    log.rename(tmp_path / "moved")
+    assert state.cut() == {"/moved": (150, 100)}  # the 50 bytes of 1010 not yet written back at 1030
+    assert lazy.lengths() == {"/log": 0}
+    assert state.history == {}  # the cut took what was not written back
+
+    with open(tmp_path / "moved", "ab") as f:
+        f.write(b"c" * 20)
+    state.wrote("/moved", 120)
+    clock.t += 1
+    state.synced("/moved", 120)  # an fsync: durable now, whatever the writeback
+    assert state.lengths() == {"/moved": 120} and state.history == {}
+    with open(tmp_path / "moved", "ab") as f:
+        f.write(b"d" * 5)
+    state.wrote("/moved", 125)
+    clock.t += 100
+    assert state.cut() == {}  # 100 s later: written back whole
+    assert (tmp_path / "moved").stat().st_size == 125
+
+
+@needs_fuse
+def test_a_power_cut_under_a_writeback_keeps_what_was_written_back_and_cuts_what_was_just_written(
+    tmp_path: Path,
+) -> None:
+    """On a real mount with a 0.2 s writeback: bytes written, then durable without an fsync once the
+    mount's process says so (its own query, no sleep), survive the cut; bytes written just before the
+    cut do not. "Just before" is checked on the clock the mount's process reads (CLOCK_MONOTONIC): a
+    machine so slow that the cut came later than the writeback after the write tries again."""
+    import time
+
+    writeback = 0.2
+    backing, mount = tmp_path / "disk", tmp_path / "mount"
+    backing.mkdir()
+    mount.mkdir()
+    before = _children()
+    disk = LazyFS(backing, mount, writeback=writeback)
+    disk.start()
+    try:
+        for attempt in range(3):
+            name = f"log{attempt}"
+            fd = os.open(mount / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            written = time.monotonic()
+            os.write(fd, b"a" * 100)
+            durable = disk.durable()[f"/{name}"]
+            if time.monotonic() - written < writeback:
+                assert durable == 0  # not yet written back, never fsynced
+            while disk.durable()[f"/{name}"] < 100:  # written back within the writeback
+                time.sleep(0.01)
+            start = time.monotonic()
+            os.write(fd, b"b" * 50)
+            os.close(fd)
+            disk.power_cut()
+            if time.monotonic() - start < writeback:
+                break
+        assert (mount / name).read_bytes() == b"a" * 100
+    finally:
+        disk.stop()
+    assert not os.path.ismount(mount) and _mounts(str(tmp_path)) == [] and _ours(before) == []
+
+
+@needs_fuse
+def test_power_servers_mounts_its_lazy_file_system_with_the_writeback_asked() -> None:
+    from crashbench.faults.power import power_servers
+
+    for writeback in (None, 0.25):
+        with power_servers("aof-everysec", None, writeback=writeback) as broker:
+            assert broker.disk.writeback == writeback and broker.disk.proc is not None
+            args = broker.disk.proc.args
+            assert (["--writeback", "0.25"] if writeback else []) == list(args[5:])  # type: ignore[index]
+            assert broker.disk.durable()  # the server's files, as the mount's process has them
+
+
+def test_the_cost_table_of_the_findings_is_what_its_result_files_give() -> None:
+    """docs/findings/power.md's table of the layer's cost is lab/lazyfs_cost.py's rendering of
+    results/readme/lazyfs-cost (make lazyfs-cost)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    script, results = root / "lab" / "lazyfs_cost.py", root / "results" / "readme" / "lazyfs-cost"
+    table = subprocess.run(
+        [sys.executable, str(script), "--table", str(results)], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [row for row in table.splitlines() if row.startswith("|")]
+    doc = (root / "docs" / "findings" / "power.md").read_text()
+    assert len(rows) == 2 + len(list(results.glob("*.json"))) and all(row in doc for row in rows)

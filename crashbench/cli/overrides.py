@@ -92,6 +92,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--failover-address", "failover_address", click.Choice(FAILOVER_ADDRESS), "Failover: new (clients told the replica's address) or kept (the replica takes the primary's port, as a managed endpoint does: library workers follow) (broker.failover_address)."),
     ("--topology", "topology", click.Choice(TOPOLOGY), "The servers: single, or sentinel (a private primary, two replicas and three sentinels; the workers are told only the sentinels, as an application configured with Sentinel is; --sentinel says the same) (broker.topology)."),
     ("--power-cut", "power_cut", click.Choice(POWER_CUT), "power-loss: clean (every file back to what was fsynced) or torn (a random prefix of the next page kept too) (broker.power_cut)."),
+    ("--writeback", "writeback", FINITE, "power-loss: the kernel's writeback, s: unsynced bytes durable that long after their write (0: only an fsync) (broker.writeback)."),
     ("--drain-timeout", "drain_timeout", FINITE, "Seconds to wait for the queue to drain after the last fault (run.drain_timeout)."),
     ("--app", "app", str, "Your own app under the library adapter --design names, as module:attr (a Celery app, arq WorkerSettings, a taskiq-redis broker, saq settings; for RQ a module): crashbench swaps in the run's server only (app.app)."),
     ("--task", "task", str, "The task of --app to enqueue: its registered name (Celery, taskiq), a function of the module (RQ) or of the settings (arq, saq) (app.task)."),

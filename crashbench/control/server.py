@@ -80,6 +80,7 @@ PERSISTENCE_ARGS: dict[str, list[str]] = {
     "rdb": ["--save", "1 1", "--appendonly", "no"],
     "aof-everysec": ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"],
     "aof-always": ["--save", "", "--appendonly", "yes", "--appendfsync", "always"],
+    "aof-no": ["--save", "", "--appendonly", "yes", "--appendfsync", "no"],  # the kernel writes back when it will
 }
 
 

@@ -109,6 +109,9 @@ class BrokerSpec:
     # power-loss (crashbench.faults.power): "clean" cuts every file back to what was fsynced; "torn" keeps a
     # random prefix of the next page's unsynced bytes too, as a disk that wrote part of a page
     power_cut: str = "clean"
+    # power-loss: the kernel's writeback of dirty pages, s (Linux's vm.dirty_expire_centisecs: 30 s): unsynced bytes
+    # are durable this long after their write (what aof-no relies on); 0: only an fsync makes bytes durable
+    writeback: float = 30.0
     # after each enqueue, WAITAOF for the server's own fsync of it (1; Redis 7.2, valkey), at most wait_ms: an
     # enqueue not fsynced in time is indeterminate (reliable and stream designs)
     wait_aof: int = 0

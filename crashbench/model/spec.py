@@ -142,7 +142,7 @@ class Scenario:
                  ("fill", "neighbour"), ("neighbour_ttl", 0.0), ("limit_s", 1.0),
                  ("failover_address", "new"), ("topology", "single"), ("min_replicas_to_write", 0),
                  ("min_replicas_max_lag", 1), ("minority_workers", 0), ("power_cut", "clean"),
-                 ("wait_aof", 0))  # fmt: skip
+                 ("wait_aof", 0), ("writeback", 30.0))  # fmt: skip
         for key, default in (*later, *((name, "") for name in flat(AppSpec()))):
             if data[key] == default:
                 data.pop(key)

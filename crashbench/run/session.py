@@ -319,7 +319,10 @@ def _run_on_server(
                             url = broker.url
                         elif fault == power.KIND:  # a fresh server on a lazy file system per run
                             torn = scenario.broker.power_cut == "torn"
-                            disk = power.power_servers(scenario.broker.persistence, options.server_binary, tear=torn)
+                            b = scenario.broker
+                            disk = power.power_servers(
+                                b.persistence, options.server_binary, tear=torn, writeback=b.writeback or None
+                            )
                             broker = own.enter_context(disk)
                             url = broker.url
                         elif clock.on_server(scenario) is not None:  # a fresh server per run, its clock moved

@@ -23,7 +23,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "stream_trim"),
     "broker": ("fault", "fault_at", "downtime", "persistence", "produce_s", "wait_replicas", "wait_ms", "replica_lag",
                "failover_address", "topology", "maxmemory", "maxmemory_policy", "fill", "neighbour_ttl", "limit_s",
-               "min_replicas_to_write", "min_replicas_max_lag", "minority_workers", "power_cut", "wait_aof"),
+               "min_replicas_to_write", "min_replicas_max_lag", "minority_workers", "power_cut", "wait_aof",
+               "writeback"),
     "run": ("drain_timeout", "designs"),
     "app": ("app", "task", "payloads", "check"),
 }  # fmt: skip
@@ -36,7 +37,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 BROKER_FAULTS = ("none", "broker-kill", "failover", "cluster-kill", "cluster-failover", "cluster-failover-force",
                  "cluster-takeover", "cluster-partition", "eviction", "sentinel-kill", "sentinel-quorum",
                  "sentinel-partition", "power-loss")  # fmt: skip
-PERSISTENCE = ("none", "rdb", "aof-everysec", "aof-always")
+PERSISTENCE = ("none", "rdb", "aof-no", "aof-everysec", "aof-always")
 POWER_CUT = ("clean", "torn")  # what a power cut leaves of the unsynced bytes (crashbench.model.sections.BrokerSpec)
 TOPOLOGY = ("single", "sentinel")  # the servers a run is given (crashbench.model.sections.BrokerSpec.topology)
 FAILOVER_ADDRESS = ("new", "kept")  # what a failover tells the clients (crashbench.model.sections.BrokerSpec)
@@ -97,7 +98,7 @@ NUMBERS: dict[str, Bound] = {
     "wait_ms": POSITIVE_INT, "replica_lag": NON_NEGATIVE, "socket_timeout": NON_NEGATIVE,
     "payload_bytes": COUNT, "neighbour_ttl": NON_NEGATIVE, "limit_s": POSITIVE,
     "min_replicas_to_write": Bound(True, 0, True, 2), "min_replicas_max_lag": POSITIVE_INT,
-    "minority_workers": COUNT, "wait_aof": Bound(True, 0, True, 1),
+    "minority_workers": COUNT, "wait_aof": Bound(True, 0, True, 1), "writeback": NON_NEGATIVE,
     "drain_timeout": POSITIVE,  # or None: the design's own default
 }  # fmt: skip
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -34,9 +34,11 @@ class PowerBroker(Broker):
     """One embedded server whose data directory is a lazy file system's mount: `kill` SIGKILLs it, cuts
     the power (every file back to what was fsynced) and reads what is left; `restart` starts it on that."""
 
-    def __init__(self, primary: EmbeddedServer, disk: LazyFS, url_file: Path, tear: bool = False) -> None:
+    def __init__(
+        self, primary: EmbeddedServer, disk: LazyFS, url_file: Path, tear: bool = False, writeback: float | None = None
+    ) -> None:
         super().__init__(primary, None, url_file)
-        self.disk, self.tear = disk, tear
+        self.disk, self.tear, self.writeback = disk, tear, writeback
         self.cut: dict[str, dict[str, Any]] = {}  # the file system's account of the cut, per file
         self.cut_at: float | None = None  # CLOCK_MONOTONIC: the server dead, the cut about to be made
         self.aof_before = self.aof_after = Aof()
@@ -91,19 +93,23 @@ def _not_data(directory: str, names: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def power_servers(persistence: str, binary: str | None, tear: bool = False) -> Iterator[PowerBroker]:
+def power_servers(
+    persistence: str, binary: str | None, tear: bool = False, writeback: float | None = None
+) -> Iterator[PowerBroker]:
     """A private server with the scenario's persistence on a fresh lazy file system, for one crash run;
-    the server stopped, the file system unmounted and everything removed on exit (an error included)."""
+    the server stopped, the file system unmounted and everything removed on exit (an error included).
+    `writeback`: the kernel's writeback, unsynced bytes durable that many seconds after their write (LazyFS;
+    None: only an fsync makes bytes durable, and the cut takes all a server that never fsyncs wrote)."""
     path = find_server_binary(binary)
     home = workdirs.make("broker")
     backing = home / "disk"
     backing.mkdir()
     primary = EmbeddedServer(path, persistence)
-    disk = LazyFS(backing, primary.dir)
+    disk = LazyFS(backing, primary.dir, writeback)
     try:
         disk.start()
         primary.start()
-        yield PowerBroker(primary, disk, home / "server.url", tear)
+        yield PowerBroker(primary, disk, home / "server.url", tear, writeback)
     finally:
         primary.stop_process()
         disk.stop()

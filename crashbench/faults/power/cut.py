@@ -22,7 +22,8 @@ The checker's counts:
 and its check (`power_fsync`), of the disk model against the server's bytes and the producer's clock:
 an enqueue acknowledged before the AOF's last fsync (the producer's next send, or the cut, bounds its
 acknowledgement) must be in the durable AOF; one sent after that fsync must not be, unless the cut
-tore a page (`tear`) or the kernel's writeback made it durable without one.
+tore a page (`tear`) or it was sent `writeback` seconds before the cut or earlier (the kernel's
+writeback made it durable without an fsync).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def event(broker: Any, needle: Needle, t0: float) -> FaultEvent:
         "exact": before.exact and after.exact,
         "torn": sum(after.torn().values()),
         "tear": broker.tear,
+        "writeback": broker.writeback,
         "synced": None if synced is None else [rel(synced[0], t0), rel(synced[1], t0)],
         "durable": sorted(durable),
         "cut": sorted(named - durable),
@@ -98,7 +100,7 @@ def power(h: History, before: Sections) -> Section:
     if d["aof"] and d["exact"]:
         cut_ids = sorted(j for _, _, ids in acked for j in ids if j not in durable)
         counts["enqueues_cut"] = len(cut_ids)
-        problems += _fsync_problems(acked, durable, d)
+        problems += _fsync_problems(acked, durable, d, at)
         oldest = min((sent for sent, _, ids in acked if any(j not in durable for j in ids)), default=None)
         if tl.broker_fault is not None:
             fields["broker_fault"] = dataclasses.replace(
@@ -116,7 +118,9 @@ def power(h: History, before: Sections) -> Section:
     return Section(FAMILY, counts=counts, problems=problems, fields=fields)
 
 
-def _fsync_problems(acked: list[tuple[float, float, list[str]]], durable: set[str], d: dict[str, Any]) -> list[Problem]:
+def _fsync_problems(
+    acked: list[tuple[float, float, list[str]]], durable: set[str], d: dict[str, Any], at: float
+) -> list[Problem]:
     synced = d["synced"]
     lo, hi = (synced[0], synced[1]) if synced is not None else (float("-inf"), float("-inf"))
     missing = sorted(j for _, by, ids in acked if by <= lo for j in ids if j not in durable)
@@ -130,8 +134,10 @@ def _fsync_problems(acked: list[tuple[float, float, list[str]]], durable: set[st
                 missing[:JOB_SAMPLE],
             )
         )
-    if not d.get("tear") and not d.get("writeback"):
-        kept = sorted(j for sent, _, ids in acked if sent >= hi for j in ids if j in durable)
+    if not d.get("tear"):
+        # Written back without an fsync: a write `writeback` s old at the cut (it came after its sending).
+        since = at - d["writeback"] if d.get("writeback") else float("-inf")
+        kept = sorted(j for sent, _, ids in acked if sent >= hi and sent > since for j in ids if j in durable)
         if kept:
             out.append(
                 Problem(

@@ -1,0 +1,5 @@
+import sys
+
+from crashbench.control.lazyfs.mount import main
+
+main(sys.argv[1:])
