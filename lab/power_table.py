@@ -33,7 +33,7 @@ def _span(values: list[float | int | None], unit: str = "") -> str:
         return "–"
     lo, hi = min(known), max(known)
     fmt = (lambda v: f"{v:.0f}") if unit == "ms" else (lambda v: f"{v:g}")
-    text = fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
+    text = fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
     return f"{text} {unit}".rstrip()
 
 

@@ -210,7 +210,9 @@ def test_a_strobed_worker_s_clock_flips_as_planned_by_its_own_reading() -> None:
 def test_a_server_clock_jump_expires_arq_s_in_progress_keys_and_its_running_jobs_run_twice() -> None:
     sc = load("clock-server-jump")
     options = Options(library_pythons=(("arq", arq_python()),))
-    (run,) = run_designs(sc, ["arq"], options).runs
+    result = run_designs(sc, ["arq"], options)
+    (run,) = result.runs
+    assert result.environment.server_name == "valkey"  # the session names the server the run had, not redis-server
     (jump,) = [e for e in run.timeline.fault_events if e.what == "moved"]
     assert jump.data["target"] == "server" and abs(jump.data["measured"] - 600.0) < 1.0 and abs(jump.t - 1.0) < 0.2
     assert run.counts.done == 12 and run.counts.duplicated >= 6

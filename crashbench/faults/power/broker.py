@@ -61,10 +61,11 @@ class PowerBroker(Broker):
         return {name: (c["before"], c["after"]) for name, c in self.cut.items() if c["after"] < c["before"]}
 
     def aof_synced_at(self) -> tuple[float, float] | None:
-        """The last fsync of the AOF's last incremental file (the one being appended to) before the cut."""
-        names = [n for n in self.aof_after.files if n.endswith(".incr.aof") or n == "appendonly.aof"]
+        """The last fsync before the cut of the AOF's last incremental file (the one being appended to), or
+        with no AOF, of the RDB snapshot (its temporary file's, renamed into place)."""
+        names = [n for n in self.aof_after.files if n.endswith(".incr.aof") or n == "appendonly.aof"] or ["dump.rdb"]
         for path, c in self.cut.items():
-            if names and path.rsplit("/", 1)[-1] == names[-1] and c["synced_at"] is not None:
+            if path.rsplit("/", 1)[-1] == names[-1] and c["synced_at"] is not None:
                 return float(c["synced_at"][0]), float(c["synced_at"][1])
         return None
 

@@ -7,7 +7,7 @@ The event ("power", "cut", at the cut) holds:
     aof         the run's persistence keeps an AOF, and `exact`: every command of the data set was read
                 (no RDB base holding data); `torn`: bytes at its end no server loads
     synced      the AOF's last fsync before the cut (seconds of the run: just before and just after its
-                length was read; None: never fsynced)
+                length was read; None: never fsynced); with no AOF, the RDB snapshot's
     durable     the jobs the durable AOF names (by the run's token: crashbench.evidence.aof.mentions)
     cut         the jobs only the part the cut took named
     held        the jobs the durable state holds (None: not read)
@@ -102,13 +102,16 @@ def power(h: History, before: Sections) -> Section:
         counts["enqueues_cut"] = len(cut_ids)
         problems += _fsync_problems(acked, durable, d, at)
         oldest = min((sent for sent, _, ids in acked if any(j not in durable for j in ids)), default=None)
-        if tl.broker_fault is not None:
-            fields["broker_fault"] = dataclasses.replace(
+        fields["lost_window_ms"] = None if oldest is None else round((at - oldest) * 1000, 3)
+    if tl.broker_fault is not None:
+        fields = {
+            "broker_fault": dataclasses.replace(
                 tl.broker_fault,
                 held_ids=list(tl.broker_fault.held_ids),
                 unsynced_ms=None if d["synced"] is None else round((at - d["synced"][1]) * 1000, 3),
-                lost_window_ms=None if oldest is None else round((at - oldest) * 1000, 3),
+                lost_window_ms=fields.get("lost_window_ms"),
             )
+        }
     if d["held"] is not None:
         # Held by the durable state, not by the server as it died (the harness's reading, writes paused):
         # taken or acknowledged in memory, and not on the disk.
