@@ -67,6 +67,7 @@ scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exac
 	  case $$s in *net-partition*) $(BIN)/python -c 'import sys; from crashbench.faults.netns import unavailable; \
 	    r = unavailable(); r and print("skipped", sys.argv[1] + ":", r); sys.exit(1 if r else 0)' $$s || continue;; esac; \
 	  case $$s in */cluster-*) wp="$$wp --cluster 3";; esac; \
+	  case $$s in *-waitaof*|*clock-server*) wp="$$wp --server $(VALKEY)";; esac; \
 	  $(BIN)/crashbench check --scenario $$s --plain $$wp --out results/scenarios; \
 	  $(BIN)/crashbench recount latest --dir results/scenarios; done
 
