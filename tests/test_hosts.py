@@ -19,9 +19,10 @@ import psutil
 import pytest
 
 from crashbench.control import pidns
-from crashbench.errors import UsageError
+from crashbench.control.stopflag import StopFlag
+from crashbench.errors import Interrupted, UsageError
 from crashbench.faults import hosts, netns
-from crashbench.faults.hosts import machine
+from crashbench.faults.hosts import inject, machine
 from crashbench.model.results import DesignRun
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
@@ -295,3 +296,37 @@ def test_the_host_crash_table_is_what_its_result_files_give() -> None:
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert table.count("\n") == 4 and table in (root / "docs" / "how-to" / "hosts.md").read_text()
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["host-crash", "host-pause", "host-partition"])
+def test_a_run_interrupted_while_a_host_is_down_paused_or_cut_off_leaves_nothing_behind(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (the stop flag) the moment the fault is made: the run ends with Interrupted, and every
+    worker, init, namespace and rule of its hosts is gone (a down host's dead init too, a paused one's)."""
+    stop = StopFlag()
+    made = []
+    for name in ("crash", "cut"):
+        real = getattr(machine.NamespaceHost, name)
+
+        def hit(self: machine.NamespaceHost, real: Any = real) -> None:
+            real(self)
+            made.append(self.index)
+            stop.raised = True
+
+        monkeypatch.setattr(machine.NamespaceHost, name, hit)
+    real_freeze = machine.freeze
+
+    def freeze(host: Any, timeout: float = 1.0) -> list[int]:
+        made.append(host.index)
+        stop.raised = True
+        return real_freeze(host, timeout)
+
+    monkeypatch.setattr(inject, "freeze", freeze)
+    fault = {"kind": kind, "host": 1, "at": 0.2, ("downtime" if kind == "host-crash" else "duration"): 30}
+    with pytest.raises(Interrupted):
+        run_designs(on_hosts(fault), ["reliable"], Options(stop=stop))
+    assert made and made[0] == 1
+    assert leftovers() == []

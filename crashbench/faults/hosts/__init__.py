@@ -18,7 +18,7 @@ and the faults of a whole host, as Jepsen's nemeses make them on its nodes:
 
 Root, `ip` and `iptables` only (crashbench.faults.netns.unavailable says what is missing); the server
 must be one crashbench starts (it is made to listen on the hosts' addresses). The driver is
-crashbench.faults.hosts.driver; its events go into the timeline's fault events; its checker counts what
+crashbench.faults.hosts.inject; its events go into the timeline's fault events; its checker counts what
 the crashes cost from the final ledger: the jobs each crash interrupted, of which those that ran again
 and those lost."""
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from crashbench.evidence.checker import History, Section, Sections, checker
 from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun
-from crashbench.faults.hosts.driver import FAMILY as NAME
-from crashbench.faults.hosts.driver import HostFaults
+from crashbench.faults.hosts.inject import FAMILY as NAME
+from crashbench.faults.hosts.inject import HostFaults
 from crashbench.model.faults import HOST_KINDS, Fault, HostFault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline

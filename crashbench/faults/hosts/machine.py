@@ -7,7 +7,7 @@ ledger files and the READY handshake are the same as on the machine itself. What
 faults is the `Host` protocol: boot, crash, the processes to freeze, cut and heal. `NamespaceHost` is
 this machine's; a host over SSH would be another (its workers started by a remote shell, its crash a
 kill of every process it started there, or a VM's reset; its cut an iptables rule over the same
-channel), and the driver (crashbench.faults.hosts.driver) would not change.
+channel), and the driver (crashbench.faults.hosts.inject) would not change.
 """
 
 from __future__ import annotations
