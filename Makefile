@@ -229,10 +229,13 @@ power: $(STAMP) $(ARQ_STAMP) system-deps  ## docs/findings/power.md's table (per
 	$(BIN)/crashbench compare -s power-loss-libraries --repeat 2 --plain $(WP_ARGS) --out results/readme/power
 	$(BIN)/python lab/power_table.py results/readme/power
 
-# docs/how-to/hosts.md's table: a host crash's counts per built-in design (root and iptables: hosts are namespaces).
-hosts: $(STAMP) system-deps  ## docs/how-to/hosts.md's table (a host crash, per design)
+# docs/how-to/hosts.md's table: a host crash's counts per built-in design, 3 runs each, then one run per library
+# (about 4 minutes; root and iptables: hosts are namespaces).
+hosts: $(STAMP) system-deps  ## docs/how-to/hosts.md's table (a host crash, per design and library)
 	rm -rf results/readme/hosts
 	$(BIN)/crashbench check -s host-crash --repeat 3 --plain --out results/readme/hosts
+	$(BIN)/crashbench compare -s host-crash --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable \
+	  --plain --out results/readme/hosts
 	$(BIN)/python lab/hosts_table.py results/readme/hosts
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)

@@ -1,6 +1,6 @@
 """docs/how-to/hosts.md's table from the result files `make hosts` writes: one row per design over every run
 of the host-crash scenario: the workers the crash killed, the jobs running on the host as it went (from
-their final ledgers), of which ran again and lost; the run's own lost and redelivered (min to max over the
+their final ledgers), of which ran again and lost; the run's own lost, stranded and redelivered (min to max over the
 runs); and, from the saved timelines, the reboot's time from the new init to its workers' last READY (median).
 
     python lab/hosts_table.py results/readme/hosts
@@ -41,15 +41,15 @@ def table(directory: Path) -> str:
     reboots = _reboots(directory)
     lines = [
         "| design | runs | workers killed | jobs running on the host | ran again | lost with the host "
-        "| lost (run) | redelivered (run) | reboot to READY |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| lost (run) | stranded (run) | redelivered (run) | reboot to READY |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for design, rs in runs.items():
         c = [r.counts for r in rs]
         cells = [
             _span([k.host_crash_workers for k in c]), _span([k.host_crash_interrupted for k in c]),
             _span([k.host_crash_rerun for k in c]), _span([k.host_crash_lost for k in c]),
-            _span([k.lost for k in c]), _span([k.redelivered for k in c]),
+            _span([k.lost for k in c]), _span([k.stranded for k in c]), _span([k.redelivered for k in c]),
             f"{statistics.median(reboots[design]):.0f} ms" if reboots.get(design) else "-",
         ]  # fmt: skip
         lines.append(f"| {design} | {len(rs)} | " + " | ".join(cells) + " |")
