@@ -331,3 +331,37 @@ def test_a_run_interrupted_while_a_host_is_down_paused_or_cut_off_leaves_nothing
         run_designs(on_hosts(fault), ["reliable"], Options(stop=stop))
     assert made and made[0] == 1
     assert leftovers() == []
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_hosts_workers_run_in_its_pid_namespace_and_a_slot_on_no_host_on_the_machine() -> None:
+    """The ledger's pid is the worker's own, as it sees it: inside a host's PID namespace a small one (its
+    init is 1), not the pid the runner forked; slot 3, on no host, writes the pid it was forked with."""
+    sc = on_hosts(workers=4).replace(schedule=({"kind": "hosts", "slots": [[0, 1], [2]]},))
+    run, tl = run_one(sc, "reliable")
+    forked = {s.worker: (s.slot, s.pid) for s in tl.spawns}
+    seen = {ex.worker: ex.pid for ex in tl.executions}
+    assert {forked[w][0] for w in seen} == {0, 1, 2, 3}  # every slot ran jobs
+    for worker, pid in seen.items():
+        slot, outside = forked[worker]
+        assert (pid == outside) == (slot == 3), (worker, slot, pid, outside)
+        assert slot == 3 or pid < 10  # the init is 1, the workers forked into it next
+    assert run.counts.lost == 0 and run.counts.done == 160
+
+
+@needs_root
+def test_a_worker_cannot_start_on_a_host_that_is_down(valkey_url: str, tmp_path: Path) -> None:
+    hosts_ = machine.Hosts([[0, 1], [2]], valkey_url, tmp_path)
+    try:
+        assert hosts_.place(3) is None and hosts_.worker_url(valkey_url, 3) is None  # on no host
+        assert hosts_.place(0) == hosts_.place(1) != hosts_.place(2)
+        hosts_.hosts[0].crash()
+        with pytest.raises(machine.HostDown, match="host 0, which is down"):
+            hosts_.place(1)
+        assert hosts_.hosts[0].reap(5.0)  # the dead init: nothing else was on it
+        hosts_.hosts[0].boot()
+        assert hosts_.place(1) is not None and hosts_.hosts[0].boots == 2
+    finally:
+        hosts_.close()
+    assert leftovers() == []
