@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
+.PHONY: hosts clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -64,7 +64,7 @@ bench: $(STAMP)  ## crashbench bench (throughput and cost), then compare vs the 
 scenarios: $(STAMP) $(ARQ_STAMP)  ## every shipped scenario against its own exact expectations, then recounted from its timeline
 	set -e; for s in scenarios/*.toml; do \
 	  wp="$(WP_ARGS)"; \
-	  case $$s in *net-partition*) $(BIN)/python -c 'import sys; from crashbench.faults.netns import unavailable; \
+	  case $$s in *net-partition*|*/host-*) $(BIN)/python -c 'import sys; from crashbench.faults.netns import unavailable; \
 	    r = unavailable(); r and print("skipped", sys.argv[1] + ":", r); sys.exit(1 if r else 0)' $$s || continue;; esac; \
 	  case $$s in */cluster-*) wp="$$wp --cluster 3";; esac; \
 	  case $$s in *-waitaof*|*clock-server*) wp="$$wp --server $(VALKEY)";; esac; \
@@ -229,6 +229,15 @@ power: $(STAMP) $(ARQ_STAMP) system-deps  ## docs/findings/power.md's table (per
 	$(BIN)/crashbench compare -s power-loss-waitaof --repeat 2 --plain --server $(VALKEY) --out results/readme/power
 	$(BIN)/crashbench compare -s power-loss-libraries --repeat 2 --plain $(WP_ARGS) --out results/readme/power
 	$(BIN)/python lab/power_table.py results/readme/power
+
+# docs/how-to/hosts.md's table: a host crash's counts per built-in design, 3 runs each, then one run per library
+# (about 4 minutes; root and iptables: hosts are namespaces).
+hosts: $(STAMP) system-deps  ## docs/how-to/hosts.md's table (a host crash, per design and library)
+	rm -rf results/readme/hosts
+	$(BIN)/crashbench check -s host-crash --repeat 3 --plain --out results/readme/hosts
+	$(BIN)/crashbench compare -s host-crash --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable \
+	  --plain --out results/readme/hosts
+	$(BIN)/python lab/hosts_table.py results/readme/hosts
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);

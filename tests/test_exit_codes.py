@@ -36,6 +36,7 @@ ALLOWED_EXITS = {
     ("console.py", "main"): "INTERRUPTED, ExitCode.INTERRUPTED's value (the test below): a signal while it imports",
     ("control/supervisor.py", "_run"): "a forked worker child ends with os._exit, never returning into the runner",
     ("control/supervisor.py", "_become_worker"): "likewise, when its parent died before it could watch it",
+    ("control/pidns.py", "_become_init"): "a host's forked init ends with os._exit if its exec fails, never returning",
     ("control/zygote.py", "start"): "the forked fork server ends with os._exit, never returning into the runner",
     ("control/zygote.py", "_become_zygote"): "likewise, when its parent died before it could watch it",
     ("control/zygote.py", "_fork_spare"): "the fork server's intermediate child, and a spare whose worker returned",

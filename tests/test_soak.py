@@ -61,6 +61,9 @@ NOT_IN_THESE_RUNS = (
     "acked_on_old_primary", "refused_on_old_primary", "old_primary_only", "workers_on_old_primary",
     # no power cut: tests/test_power.py reads the AOF the cut left itself
     "enqueues_cut", "acks_cut", "acks_cut_reran",
+    # no hosts: tests/test_hosts.py reads each crashed host's workers' ledgers itself
+    "host_crashes", "host_crash_workers", "host_crash_interrupted", "host_crash_rerun", "host_crash_lost",
+    "host_pauses", "host_partitions",
 )  # fmt: skip
 
 

@@ -33,6 +33,7 @@ from typing import NoReturn
 
 import psutil
 
+from crashbench.control import pidns
 from crashbench.control.reaper import (
     STOPS,
     Watchdog,
@@ -96,7 +97,8 @@ class Supervisor:
     It is called where the worker is forked: in this process before a fork of its own, or, with a
     zygote (`start_zygote`), in the new worker itself, so it must change nothing this process relies
     on. What must be done here before each worker starts (register its ledger file, ...) is
-    `register(name, slot)`.
+    `register(name, slot)`. `place(slot)`: the PID namespace the slot's worker starts in (a host's,
+    crashbench.faults.hosts; forked from here, never the zygote), or None: this process's own.
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class Supervisor:
         clock: Callable[[], float],
         tree: bool = False,
         register: Callable[[str, int], object] | None = None,
+        place: Callable[[int], int | None] | None = None,
     ) -> None:
         self.prepare = prepare
+        self.place = place
         self.register = register
         self.tree = tree
         self.log_dir = log_dir
@@ -142,7 +146,11 @@ class Supervisor:
         # of the zygote's spare: an interrupt must not leave a worker running whose pid we never kept.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:
-            pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
+            ns = self.place(slot) if self.place is not None else None
+            if ns is not None:  # a host's namespace: a fork of its own from here
+                pid = self._fork(log, self.prepare(name, slot), slot, ns)
+            else:
+                pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
             if not pid:
                 self.zygote = None  # none, or it failed and is stopped: fork from here
                 pid = self._fork(log, self.prepare(name, slot), slot)
@@ -154,21 +162,21 @@ class Supervisor:
         self.slots[slot] = worker
         return worker
 
-    def _fork(self, log: Path, body: Callable[[], int], slot: int) -> int:
-        pid = os.fork()
+    def _fork(self, log: Path, body: Callable[[], int], slot: int, ns: int | None = None) -> int:
+        pid = os.fork() if ns is None else pidns.fork_into(ns)
         if pid == 0:
-            self._run(log, body, slot)
+            self._run(log, body, slot, self._pid if ns is None else pidns.OUTSIDE)
         return pid
 
     def _adopted(self, name: str, slot: int) -> None:
         """In the zygote's spare (already this process's child), once told it is worker `name`."""
         self._run(self.log_dir / f"{name}.log", lambda: self.prepare(name, slot)(), slot)
 
-    def _run(self, log: Path, body: Callable[[], int], slot: int) -> NoReturn:
-        """The new worker: never return into the caller."""
+    def _run(self, log: Path, body: Callable[[], int], slot: int, parent: int | None = None) -> NoReturn:
+        """The new worker: never return into the caller. `parent`: its parent's pid as it sees it."""
         code = 1
         try:
-            self._become_worker(log, slot)
+            self._become_worker(log, slot, self._pid if parent is None else parent)
             code = body()
         except BaseException:
             traceback.print_exc()
@@ -176,13 +184,13 @@ class Supervisor:
             sys.stderr.flush()
             os._exit(code)
 
-    def _become_worker(self, log: Path, slot: int) -> None:
+    def _become_worker(self, log: Path, slot: int, parent: int) -> None:
         # Inherited by a --worker-python exec too: a design whose replacement takes over its slot's
         # identity (stream-reuse's consumer name) reads it; the worker's own name is new at every spawn.
         os.environ[SLOT_ENV] = str(slot)
         os.setsid()
         die_with_parent()
-        if os.getppid() != self._pid:  # the parent died before the line above took effect
+        if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(1)
         close_lifelines()  # the watchdog must see its pipe close when crashbench dies
         for signum in DEFAULT_IN_WORKERS:

@@ -43,6 +43,15 @@ A scenario describes its faults two ways, and a run may have both:
   each worker slot in its own network namespace, iptables rules on its packets, both ways (root and
   iptables needed; crashbench.faults.netns). A run uses the proxy's toxics or these, not both.
 
+      [[faults]]
+      kind = "hosts"              # worker slots on hosts: a network and a PID namespace each (root only)
+      slots = [[0, 1], [2, 3]]
+      [[faults]]
+      kind = "host-crash"         # or "host-pause", "host-partition" (crashbench.faults.hosts)
+      host = 0
+      at = 1.0
+      downtime = 0.5              # a crash's; a pause's or a partition's length is its duration
+
 Each kind belongs to a fault family (crashbench.faults.family), listed in crashbench.faults.registry:
 its keys, its validation, its plan and its driver live with it; this module plans them all.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
-from crashbench.faults import clock, deploy, eviction, network, power, sentinel, servers, signals
+from crashbench.faults import clock, deploy, eviction, hosts, network, power, sentinel, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
 FAMILIES: tuple[FaultFamily, ...] = (
@@ -18,6 +18,7 @@ FAMILIES: tuple[FaultFamily, ...] = (
     sentinel.FAMILY,
     power.FAMILY,
     clock.FAMILY,
+    hosts.FAMILY,
 )
 
 

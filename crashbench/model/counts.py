@@ -107,6 +107,14 @@ class Counts:
     deploy_killed: int = 0  # ... still alive when their grace ended: their tree SIGKILLed
     deploy_interrupted: int = 0  # jobs started in a worker a rollout stopped that never ended there (its final ledger)
     deploy_lost: int = 0  # ... of which lost: what the rollouts cost (per rollout: deploy_lost / rollouts)
+    # hosts (crashbench.faults.hosts): a network and PID namespace each, with its worker slots
+    host_crashes: int = 0  # host crashes made: a host's init SIGKILLed, every process on it with it
+    host_crash_workers: int = 0  # workers a host crash killed
+    host_crash_interrupted: int = 0  # jobs started in a worker a crash killed, never ended there (final ledger)
+    host_crash_rerun: int = 0  # ... of which a later execution started, anywhere (the ledger): they ran again
+    host_crash_lost: int = 0  # ... of which lost: what the crashes cost
+    host_pauses: int = 0  # host pauses made: every process on a host SIGSTOPped, then SIGCONTinued
+    host_partitions: int = 0  # host partitions made: a host cut off from the server (iptables DROP), then healed
     # an eviction fault (crashbench.faults.eviction), from the server's own notifications of what it evicted
     evicted_keys: int = 0  # evictions of the run's keys while the memory limit held (a key evicted twice: 2)
     evicted_neighbour: int = 0  # evictions of the neighbour's keys (outside the run's namespace)

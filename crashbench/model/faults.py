@@ -92,7 +92,18 @@ class DeployFault(Fault):
     pause: float = 0.0
 
 
-FaultSpec = Fault | SignalFault | NetworkFault | DeployFault  # a planned fault, of whichever family
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostFault(Fault):
+    """A fault of one host, a network and PID namespace with its worker slots (crashbench.faults.hosts):
+    host-crash (its init SIGKILLed, every worker on it with it; rebooted `duration` s later), host-pause
+    (every process on it SIGSTOPped for `duration` s), host-partition (cut off from the server for `duration` s)."""
+
+    kind: str = "host-crash"
+    host: int = 0  # its index in the run's hosts ([[faults]] kind = "hosts")
+
+
+HOST_KINDS = ("host-crash", "host-pause", "host-partition")
+FaultSpec = Fault | SignalFault | NetworkFault | DeployFault | HostFault  # a planned fault, of whichever family
 
 # How a planned fault was written before the union (every kind's fields, in this order): results and
 # timelines keep this shape, so files written before and after read alike, and stay comparable.
@@ -111,6 +122,8 @@ def fault_dict(f: Fault) -> dict[str, Any]:
 
 def fault_class(kind: str) -> type[Fault]:
     """The record a planned fault of this kind is."""
+    if kind in HOST_KINDS:
+        return HostFault
     return {"signal": SignalFault, "network": NetworkFault, "deploy": DeployFault}.get(kind, Fault)
 
 

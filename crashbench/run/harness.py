@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import redis
 
-from crashbench.control import connect, memlimit, workdirs
+from crashbench.control import connect, memlimit, pidns, workdirs
 from crashbench.control.interpreter import WORKER_MODULE, WorkerPython
 from crashbench.control.server import cleanup_keys
 from crashbench.control.supervisor import Supervisor
@@ -45,6 +45,10 @@ def _no_env(slot: int) -> dict[str, str]:
     return {}
 
 
+def _no_ns(slot: int) -> int | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Workers:
     """How the harness starts its workers, beyond the design, its settings and the workload."""
@@ -62,6 +66,9 @@ class Workers:
     # takes effect. `fresh`: some slot has one (the interpreter's link directory is made up front).
     env: Callable[[int], dict[str, str]] = _no_env
     fresh: bool = False
+    # A slot's PID namespace (a host's, crashbench.faults.hosts), or None: the runner's own. Read at each
+    # start: a host's replacement starts on it, in the namespace it has then (a rebooted host's new one).
+    pidns: Callable[[int], int | None] = _no_ns
 
 
 class Harness:
@@ -103,7 +110,9 @@ class Harness:
         if workload.crash_rate and workload.crash_how == "memory":
             memlimit.choice()  # which memory limit the workers use (a cgroup v1's probe): once, before any fork
         tree = workers.tree and self.cls.own_worker
-        self.sup = Supervisor(self._prepare, self.dir / "logs", clock, tree=tree, register=self._register)
+        self.sup = Supervisor(
+            self._prepare, self.dir / "logs", clock, tree=tree, register=self._register, place=workers.pidns
+        )
 
     def _own_python(self) -> WorkerPython | None:
         """For a design whose worker starts in a fresh interpreter (Design.worker_module, gevent's):
@@ -125,6 +134,8 @@ class Harness:
     def _prepare(self, name: str, slot: int) -> Callable[[], int]:
         """The worker's body, made where the worker is forked: it registers nothing (see Supervisor)."""
         url, parent, gate, workers, module = self.workers.url(slot), self.parent, self.gate, self.workers, self.module
+        if workers.pidns(slot) is not None:  # its parent, this process, is outside its namespace
+            parent = pidns.OUTSIDE
         wspec = dataclasses.replace(self.wspec, redis_url=url) if url else self.wspec
         if (own := workers.url_file_of(slot)) is not None:
             wspec = dataclasses.replace(wspec, url_file=own)

@@ -9,6 +9,9 @@ per run:
 
 Workers connect through whichever the run uses (`worker_url`, and `enter` in the forked worker); without
 network faults, directly. The harness's own connection never goes through either.
+
+A run with hosts (crashbench.faults.hosts) has neither: a host's workers start in its PID namespace
+(`pidns`) and connect from its network namespace, the server listening on the hosts' addresses.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import TYPE_CHECKING
 from crashbench.control.proxyctl import ProxyProcess, proxy_for
 from crashbench.errors import UsageError
 from crashbench.faults import PARTITION_TOXICS, Fault
+from crashbench.faults.hosts import layout as hosts_layout
 
 if TYPE_CHECKING:
     from crashbench.faults.broker import Broker
+    from crashbench.faults.hosts.machine import Hosts
     from crashbench.faults.netns import Partitions
     from crashbench.model.spec import Scenario
 
@@ -30,6 +35,7 @@ class RunNetwork:
     def __init__(self) -> None:
         self.proxy: ProxyProcess | None = None
         self.partitions: Partitions | None = None
+        self.hosts: Hosts | None = None
         self.producer_url: str | None = None  # through the proxy, when a fault targets the producer
         self.proxied_workers = False
         self._url = ""
@@ -45,7 +51,9 @@ class RunNetwork:
         self._url = url
         faults = [f for f in planned if f.kind == "network"]
         try:
-            if any(f.toxic["name"] in PARTITION_TOXICS for f in faults):
+            if layout := hosts_layout(sc):
+                self._hosts(layout, external, logs)
+            elif any(f.toxic["name"] in PARTITION_TOXICS for f in faults):
                 self._partition(sc.workload.workers, external)
             elif faults:
                 self._proxy(faults, url, sc.workload.workers, broker, logs)
@@ -67,6 +75,21 @@ class RunNetwork:
         self.partitions = netns.Partitions.create(workers)
         self._before = netns.bind_server(self._url, self.partitions.host_addresses)
 
+    def _hosts(self, layout: tuple[tuple[int, ...], ...], external: bool, logs: Path) -> None:
+        from crashbench.faults.hosts.machine import Hosts
+
+        if external:
+            raise UsageError(
+                "hosts need a server crashbench starts: the server must also listen on the hosts' addresses, "
+                "and crashbench changes no server it does not own",
+                hint="leave out --redis-url",
+            )
+        self.hosts = Hosts(layout, self._url, logs)
+
+    def pidns(self, slot: int) -> int | None:
+        """The PID namespace of the slot's host, or None: the slot is on no host."""
+        return self.hosts.place(slot) if self.hosts is not None else None
+
     def _proxy(self, faults: list[Fault], url: str, workers: int, broker: Broker | None, logs: Path) -> None:
         targets = {f.target for f in faults}
         self.proxy = proxy_for(url, workers + 2, logs / "proxy.log")
@@ -82,16 +105,22 @@ class RunNetwork:
             return self.proxy.url(url, slot)
         if self.partitions is not None:
             return self.partitions.worker_url(url, slot)
+        if self.hosts is not None:
+            return self.hosts.worker_url(url, slot)
         return None
 
     def enter(self, slot: int) -> None:
         """In the forked worker, before it connects: into its slot's namespace, with partitions."""
         if self.partitions is not None:
             self.partitions.enter(slot)
+        if self.hosts is not None:
+            self.hosts.enter(slot)
 
     def close(self) -> None:
         if self.proxy is not None:
             self.proxy.close()
+        if self.hosts is not None:
+            self.hosts.close()  # after the workers are stopped: whatever is left on a host dies with its init
         if self.partitions is not None:
             from crashbench.faults import netns
 
