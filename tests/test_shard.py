@@ -57,13 +57,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_the_split_is_every_run_once_round_robin() -> None:
-    for total in (1, 2, 5, 6, 28):
+def test_the_split_is_every_run_once_dealt_forth_and_back_design_by_design() -> None:
+    for entries, repeat in ((1, 1), (2, 1), (1, 5), (3, 2), (14, 2), (5, 3)):
+        total = entries * repeat
         for n in range(1, total + 1):
-            parts = [sharding.chosen(total, k, n) for k in range(1, n + 1)]
+            parts = [sharding.chosen(entries, repeat, k, n) for k in range(1, n + 1)]
             assert sorted(i for p in parts for i in p) == list(range(total))
+            assert all(p == sorted(p) for p in parts)
             assert all(p for p in parts) and max(map(len, parts)) - min(map(len, parts)) <= 1
-    assert sharding.chosen(6, 1, 3) == [0, 3] and sharding.chosen(6, 3, 3) == [2, 5]
+    assert [sharding.dealt(j, 3) for j in range(8)] == [1, 2, 3, 3, 2, 1, 1, 2]
+    # Unsharded order: repeat 0 of designs 0, 1, 2 (runs 0, 1, 2), then repeat 1 (3, 4, 5). Dealt design
+    # by design: (0, r0) (0, r1) (1, r0) to shards 1 2 3, then (1, r1) (2, r0) (2, r1) to 3 2 1.
+    assert [sharding.chosen(3, 2, k, 3) for k in (1, 2, 3)] == [[0, 5], [2, 3], [1, 4]]
+    # 14 designs x 2 seeds on 2 shards: each design's seeds on both, never both seeds of one on one.
+    two = [sharding.chosen(14, 2, k, 2) for k in (1, 2)]
+    assert all(sorted(i % 14 for i in part) == list(range(14)) for part in two)
     assert sharding.parse(" 2/3 ") == (2, 3) and sharding.parse("1/1") == (1, 1)
 
 
@@ -97,10 +105,10 @@ def test_three_shards_merged_are_the_unsharded_run_and_recount_and_report_as_it(
     shards = [_load(p) for p in runs["shards"]]
     # Each shard holds its round robin share, and names the whole plan.
     assert [(s["shard"]["k"], s["shard"]["n"], s["shard"]["runs"]) for s in shards] == [
-        (1, 3, [0, 3]), (2, 3, [1, 4]), (3, 3, [2, 5]),
+        (1, 3, [0, 5]), (2, 3, [2, 3]), (3, 3, [1, 4]),
     ]  # fmt: skip
     assert len({s["shard"]["plan"] for s in shards}) == 1 and shards[0]["shard"]["total"] == 6
-    assert [r["design"] for r in shards[0]["runs"]] == ["naive", "naive"]  # reliable's threshold: not here
+    assert [r["design"] for r in shards[1]["runs"]] == ["stream", "naive"]  # reliable's threshold: not here
     assert merged["shard"] is None and merged["shards"] == [s["id"] for s in shards]
     # The same runs in the same order, the same fault schedules, counts and thresholds.
     key = [(r["design"], r["variant"], r["seed"], r["repeat"]) for r in whole["runs"]]
@@ -198,7 +206,7 @@ def _refuses_in_one_line_what_it_cannot_read(runs: dict[str, Any], tmp_path: Pat
     assert_clean_error(_merge(one, runs["whole"], tmp_path=tmp_path), 2, "not a shard's result")
     bare = _copy(three, tmp_path / "bare", timeline=False)
     assert_clean_error(_merge(one, two, bare, tmp_path=tmp_path), 2, "not a readable crashbench timeline")
-    moved = _copy(three, tmp_path / "moved", lambda d: d["shard"].update(runs=[1, 5]))
+    moved = _copy(three, tmp_path / "moved", lambda d: d["shard"].update(runs=[2, 5]))
     assert_clean_error(_merge(one, two, moved, tmp_path=tmp_path), 2, "its runs are not that shard's")
 
     def lost_one(data: dict[str, Any]) -> None:

@@ -141,8 +141,9 @@ OUT = click.option(
 SHARD = click.option(
     "--shard",
     metavar="K/N",
-    help="Run only shard K of N of the runs (designs or sweep values x repeats; run i goes to shard i % N + 1), "
-    "one machine each; `crashbench merge` puts the N results together into the unsharded run's.",
+    help="Run only shard K of N of the runs (designs or sweep values x repeats, dealt forth and back design by "
+    "design, each design's repeats to different shards first), one machine each; `crashbench merge` puts the N "
+    "results together into the unsharded run's.",
 )
 WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     REDIS_URL,

@@ -69,7 +69,7 @@ def _part(path: Path) -> Part:
     if result.shard is None:
         raise UsageError(f"{path}: not a shard's result (a run without --shard K/N): nothing to merge it with")
     s = result.shard
-    if s.runs != sharding.chosen(s.total, s.k, s.n) or len(s.runs) != len(result.runs):
+    if s.runs != sharding.chosen(len(s.entries), result.repeat, s.k, s.n) or len(s.runs) != len(result.runs):
         raise UsageError(f"{path}: shard {s.k}/{s.n} of {s.total} runs, but its runs are not that shard's")
     timelines = recount.timelines_of(path, result)
     bad = [r.index for r in recount.recount(result, timelines) if r.differences]

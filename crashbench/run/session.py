@@ -308,7 +308,7 @@ def _run_on_server(
             python.redis_url = server.url
         runs: list[DesignRun] = []
         total = len(plan) * options.repeat
-        wanted = set(sharding.chosen(total, *options.shard) if options.shard else range(total))
+        wanted = set(sharding.chosen(len(plan), options.repeat, *options.shard) if options.shard else range(total))
         hooks = RunHooks(options.progress, options.stop, options.warn, keep_dir=options.keep)
         try:
             for repeat in range(options.repeat):
