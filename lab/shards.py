@@ -5,6 +5,12 @@ timers, which overlap. Prints each shard's wall time and the whole's.
 
     python lab/shards.py N SHARD_DIR OUT -- compare --designs rq,huey --repeat 2 --plain
 
+With --estimate, nothing runs: each shard's minutes of runs for each N, from the runs' wall times in
+the result files of DIR (one design's runs with the newest file that has it), the plan being DESIGNS x
+REPEAT as a compare of them runs it; dealt as --shard deals, and round robin in the unsharded order:
+
+    python lab/shards.py --estimate results/readme/libraries rq,rq:reliable,... 2 2 3 4 5 6
+
 SHARD_DIR is emptied of earlier shard results first; each shard's output goes to SHARD_DIR/shard-K.log
 (printed when it ends). A shard that ends with an error (exit 2, 3, 4, 5 or 130: not 1, a threshold
 violated) stops the others and this script with its exit code; so does Ctrl-C or SIGTERM. No shard
@@ -13,12 +19,16 @@ process outlives the script.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from crashbench.model.results import Result
+from crashbench.run.shard import chosen
 
 CRASHBENCH = str(Path(sys.executable).with_name("crashbench"))
 
@@ -60,7 +70,24 @@ def run_shards(n: int, shard_dir: Path, command: list[str]) -> int:
     return code
 
 
+def estimate(directory: Path, designs: list[str], repeat: int, counts: list[int]) -> None:
+    walls: dict[tuple[str, int], float] = {}
+    for path in sorted(directory.glob("*.json")):  # ids start with the date: later files win
+        runs = Result.from_dict(json.loads(path.read_text())).runs
+        walls |= {(r.design, r.repeat): r.timings.wall_s for r in runs}
+    plan = [walls[(d, r)] / 60 for r in range(repeat) for d in designs]  # the unsharded order
+    print(f"{len(plan)} runs, {sum(plan):.1f} min one after another; the longest {max(plan):.1f} min")
+    for n in counts:
+        dealt = [sum(plan[i] for i in chosen(len(designs), repeat, k, n)) for k in range(1, n + 1)]
+        robin = [sum(plan[i::n]) for i in range(n)]
+        print(f"{n} shards: dealt {max(dealt):.1f} min ({' '.join(f'{m:.1f}' for m in dealt)}); "
+              f"round robin {max(robin):.1f} min ({' '.join(f'{m:.1f}' for m in robin)})")  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--estimate"] and len(sys.argv) >= 6:
+        estimate(Path(sys.argv[2]), sys.argv[3].split(","), int(sys.argv[4]), [int(n) for n in sys.argv[5:]])
+        return
     if "--" not in sys.argv or len(sys.argv) < 5:
         sys.exit(__doc__)
     n, shard_dir, out = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])

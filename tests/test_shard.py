@@ -234,3 +234,24 @@ def _evaluates_the_shards_thresholds_against_their_baseline(runs: dict[str, Any]
     assert_clean_error(cp, 2, "the shards were checked against 20260101-000000-nope")
     bad = [_copy(p, tmp_path / "bad", thresholds) for p in shards]
     assert_clean_error(_merge(*bad, tmp_path=tmp_path), 2, "its thresholds")
+
+
+LIBRARY_PLAN = "rq,rq:reliable,celery,celery:acks-late,dramatiq,dramatiq:reliable,huey,taskiq,taskiq:stream," \
+    "taskiq:reliable,arq,arq:reliable,saq,saq:reliable"  # fmt: skip
+
+
+def test_shards_script_stops_on_a_shard_s_error_and_estimates_the_docs_figures(tmp_path: Path) -> None:
+    script = [sys.executable, str(ROOT / "lab" / "shards.py")]
+    # A shard that ends with an error (exit 2: no such design) ends the script with its code, no merge.
+    bad = [*script, "2", str(tmp_path / "shards"), str(tmp_path / "merged"), "--", "compare", "--designs", "nope,naive"]
+    cp = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 2 and "unknown design" in cp.stdout and not (tmp_path / "merged").exists(), cp.stdout
+    cp = subprocess.run([*script, "2"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1 and "python lab/shards.py N SHARD_DIR OUT" in cp.stderr
+    # docs/how-to/ci.md's figures for make libraries on 2 shards, from the committed result files.
+    libraries = str(ROOT / "results" / "readme" / "libraries")
+    cp = subprocess.run([*script, "--estimate", libraries, LIBRARY_PLAN, "2", "2"], capture_output=True, text=True)
+    line = next(line for line in cp.stdout.splitlines() if line.startswith("2 shards"))
+    dealt, robin = (sorted(float(m) for m in part.split("(")[1].split(")")[0].split()) for part in line.split(";"))
+    said = f"would be {robin[1]:.0f} and {robin[0]:.0f} minutes of runs; dealt so, {dealt[1]:.0f} and {dealt[0]:.0f}"
+    assert said in " ".join((ROOT / "docs" / "how-to" / "ci.md").read_text().split())
