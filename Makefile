@@ -85,6 +85,8 @@ saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported c
 # server; most of the time is library timers waiting out 300 s windows, which overlap), merged (`crashbench merge`)
 # into one result in results/readme/libraries; then its throughput without kills (3 runs each) in
 # results/readme/libraries-throughput, one design at a time, so that no other run's load skews it. SHARDS=1: unsharded.
+# The longest shard's minutes of runs, from the result files: python lab/shards.py --estimate results/readme/libraries
+# <the designs below, comma-separated> 2 1 3 4 5 6 (66 one after another; 27 on 3 shards, 20 on 4, 14 on 6).
 LIBRARIES := rq rq:reliable celery celery:acks-late dramatiq dramatiq:reliable huey taskiq taskiq:stream taskiq:reliable
 WP_LIBRARIES := arq arq:reliable saq saq:reliable
 SHARDS ?= 3

@@ -255,3 +255,25 @@ def test_shards_script_stops_on_a_shard_s_error_and_estimates_the_docs_figures(t
     dealt, robin = (sorted(float(m) for m in part.split("(")[1].split(")")[0].split()) for part in line.split(";"))
     said = f"would be {robin[1]:.0f} and {robin[0]:.0f} minutes of runs; dealt so, {dealt[1]:.0f} and {dealt[0]:.0f}"
     assert said in " ".join((ROOT / "docs" / "how-to" / "ci.md").read_text().split())
+
+
+@pytest.mark.slow
+def test_a_sweep_split_in_two_merges_into_the_sweep_of_every_value(tmp_path: Path) -> None:
+    args = ["sweep", "-d", "reliable", "-p", "stale_after=0.3,0.6", "--jobs", "100", "--job-ms", "10", "--kills", "1",
+            "--recover-every", "0.05", "--drain-timeout", "2", "-t", "stale_after=0.6: redelivered<=100", "--plain"]  # fmt: skip
+    for k in (1, 2):
+        cp = crashbench(*args, "--shard", f"{k}/2", "--out", str(tmp_path / "shards"), tmp_path=tmp_path)
+        assert cp.returncode in (0, 1), cp.stderr
+    cp = crashbench_here("merge", "--plain", "--out", str(tmp_path / "merged.json"), str(tmp_path / "shards"),
+                         tmp_path=tmp_path)  # fmt: skip
+    merged = _load(tmp_path / "merged.json")
+    assert cp.returncode == {"pass": 0, "fail": 1}[merged["status"]], cp.stdout + cp.stderr
+    assert merged["kind"] == "sweep" and [r["variant"] for r in merged["runs"]] == [
+        "stale_after=0.3",
+        "stale_after=0.6",
+    ]
+    assert ("stale_after=0.6", "redelivered <= 100", "command line") in [
+        (t["design"], t["threshold"], t["source"]) for t in merged["thresholds"]
+    ]
+    cp = crashbench_here("recount", str(tmp_path / "merged.json"), tmp_path=tmp_path)
+    assert cp.returncode == 0 and cp.stdout.count("reproduced (every count") == 2, cp.stdout + cp.stderr
