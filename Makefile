@@ -81,17 +81,25 @@ bench-scale: $(STAMP)  ## the scale table: crashbench's own peak RSS, restart, c
 saboteurs: $(STAMP)  ## designs that misbehave on purpose: planted vs reported counts, with and without kills
 	$(BIN)/python lab/saboteurs.py results/readme/saboteurs
 
-# docs/findings/libraries.md's table: every adapter on the default scenario, 2 seeds each, one result file per
-# design in results/readme/libraries (about an hour: the as-installed configurations wait out 300 s
-# windows), and its throughput without kills (3 runs each) in results/readme/libraries-throughput.
+# docs/findings/libraries.md's table: every adapter on the default scenario, 2 seeds each, as one compare split into
+# SHARDS shards that run side by side (lab/shards.py: `crashbench compare --shard K/N`, each on its own embedded
+# server; most of the time is library timers waiting out 300 s windows, which overlap), merged (`crashbench merge`)
+# into one result in results/readme/libraries; then its throughput without kills (3 runs each) in
+# results/readme/libraries-throughput, one design at a time, so that no other run's load skews it. SHARDS=1: unsharded.
+# The longest shard's minutes of runs, from the result files: python lab/shards.py --estimate results/readme/libraries
+# <the designs below, comma-separated> 2 1 3 4 5 6 (66 one after another; 27 on 3 shards, 20 on 4, 14 on 6).
 LIBRARIES := rq rq:reliable celery celery:acks-late dramatiq dramatiq:reliable huey taskiq taskiq:stream taskiq:reliable
 WP_LIBRARIES := arq arq:reliable saq saq:reliable
-libraries: $(STAMP) $(ARQ_STAMP)  ## docs/findings/libraries.md's table (default scenario, 2 seeds, shipped concurrency)
+SHARDS ?= 3
+comma := ,
+empty :=
+space := $(empty) $(empty)
+libraries: $(STAMP) $(ARQ_STAMP)  ## docs/findings/libraries.md's table (default scenario, 2 seeds, shipped concurrency; SHARDS=3 side by side)
+	$(BIN)/python lab/shards.py $(SHARDS) results/shards/libraries results/readme/libraries -- \
+	  compare --designs $(subst $(space),$(comma),$(LIBRARIES) $(WP_LIBRARIES)) --repeat 2 --plain $(WP_ARGS)
 	set -e; for d in $(LIBRARIES); do \
-	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries; \
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput; done
 	set -e; for d in $(WP_LIBRARIES); do \
-	  $(BIN)/crashbench run --design $$d --repeat 2 --plain --out results/readme/libraries --worker-python $(ARQ_PY); \
 	  $(BIN)/crashbench run --design $$d --kills 0 --repeat 3 --plain --out results/readme/libraries-throughput \
 	    --worker-python $(ARQ_PY); done
 	$(BIN)/python lab/library_table.py results/readme/libraries results/readme/libraries-throughput \

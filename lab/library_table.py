@@ -1,8 +1,9 @@
-"""The library table (docs/findings/libraries.md) from the result files `make libraries` writes: one row per design (the
-newest result of each), every figure the median of its seeds with (min-max) where they differ, and
-jobs/s from the runs without kills; and the column "on a cluster" from what `make libraries-cluster`
-keeps (lab/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error,
-in full under the table.
+"""The library table (docs/findings/libraries.md) from the result files `make libraries` writes: one row
+per design (its runs in the newest result that has it: one merged compare of every design, or a run of
+one), every figure the median of its seeds with (min-max) where they differ, and jobs/s from the runs
+without kills; and the column "on a cluster" from what `make libraries-cluster` keeps
+(lab/libraries_cluster.py): a design's counts there, or "unsupported" and the library's error, in full
+under the table.
 
     python lab/library_table.py results/readme/libraries results/readme/libraries-throughput \
         results/readme/libraries-cluster
@@ -16,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from crashbench.model.results import DesignRun, Result, spread
+from crashbench.model.results import DesignRun, Result, group, spread
 
 ORDER = (
     "rq", "rq:reliable", "celery", "celery:acks-late", "dramatiq", "dramatiq:reliable", "huey",
@@ -47,11 +48,12 @@ def _where(runs: list[DesignRun]) -> str:
     return f" ({', '.join(places)})" if places else ""
 
 
-def newest(directory: Path) -> dict[str, Result]:
-    found: dict[str, Result] = {}
+def newest(directory: Path) -> dict[str, list[DesignRun]]:
+    """design -> its runs in the newest result file that has it."""
+    found: dict[str, list[DesignRun]] = {}
     for path in sorted(directory.glob("*.json")):  # ids start with the date: later files win
         result = Result.from_dict(json.loads(path.read_text()))
-        found[result.runs[0].design] = result
+        found |= group(result.runs)
     return found
 
 
@@ -83,7 +85,8 @@ def _on_cluster(runs: list[DesignRun] | None, why: str | None) -> str:
 
 
 def table(
-    results: dict[str, Result], throughput: dict[str, Result], cluster: dict[str, Result] | None = None,
+    results: dict[str, list[DesignRun]], throughput: dict[str, list[DesignRun]],
+    cluster: dict[str, list[DesignRun]] | None = None,
     errors: dict[str, str] | None = None,
 ) -> str:  # fmt: skip
     head = ["design", "concurrency", *[c.replace("_", " ") for c in COUNTS], "recovery p50 / max", "window"]
@@ -92,16 +95,16 @@ def table(
         head.append("on a cluster (3 primaries)")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for design in sorted(results, key=lambda d: ORDER.index(d) if d in ORDER else len(ORDER)):
-        runs = results[design].runs
+        runs = results[design]
         cells = [f"`{design}`", str(runs[0].configuration.get("concurrency", "-"))]
         for name in COUNTS:
             cell = spread([getattr(r.counts, name) for r in runs])
             cells.append(cell + (_where(runs) if name == "stranded" and cell != "0" else ""))
         cells += [_recovery(runs), f"{runs[0].timings.window_s:g} s"]
-        plain = throughput[design].runs if design in throughput else []
+        plain = throughput.get(design, [])
         cells.append(spread([round(r.timings.jobs_per_s) for r in plain]))
         if cluster is not None:
-            cells.append(_on_cluster(cluster[design].runs if design in cluster else None, (errors or {}).get(design)))
+            cells.append(_on_cluster(cluster.get(design), (errors or {}).get(design)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -116,7 +119,7 @@ def main() -> None:
     cluster = newest(on_cluster) if on_cluster and on_cluster.is_dir() else None
     errors = unsupported(on_cluster) if on_cluster and on_cluster.is_dir() else {}
     print(table(results, newest(throughput) if throughput.is_dir() else {}, cluster, errors))
-    seeds = sorted({r.seed for res in results.values() for r in res.runs})
+    seeds = sorted({r.seed for runs in results.values() for r in runs})
     print(f"\n{len(results)} designs, seeds {', '.join(map(str, seeds))}; files in {directory}")
     if cluster is not None:
         print(f"\nOn a cluster ({len(cluster)} ran, {len(errors)} unsupported; files in {on_cluster}), in full:\n")

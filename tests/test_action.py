@@ -318,3 +318,27 @@ def test_the_check_step_exits_1_on_a_violated_threshold_and_takes_no_input_as_co
     assert not list(tmp_path.glob("pwned*"))
     code, outputs, printed = run_step("check", {"args": "--jobs '100"}, tmp_path, bindir)
     assert code != 0 and "the args input: No closing quotation" in printed
+
+
+@pytest.mark.slow
+def test_the_step_runs_one_shard_per_matrix_job_and_merges_them(tmp_path: Path, bindir: Path) -> None:
+    # examples/ci/github-action-shards.yml's two jobs: the step with `shard` (each into one directory,
+    # as the artifacts are downloaded), then with `merge`, whose outputs and exports are the whole run's.
+    small = "--jobs 200 --job-ms 5 --kills 1 --interval 0.1 --stale-after 0.3 --recover-every 0.05 --drain-timeout 1"
+    for k in (1, 2):
+        given = {"designs": "naive,reliable", "shard": f"{k}/2", "out": f"shards/shard-{k}", "args": small,
+                 "junit": "", "markdown": "", "allow-unchecked": "true"}  # fmt: skip
+        code, outputs, printed = run_step("check", given, tmp_path, bindir)
+        assert code in (0, 1) and outputs["runs"] == "1", printed
+        assert outputs["designs"] == ("naive" if k == 1 else "reliable")
+    code, outputs, printed = run_step("check", {"merge": "\nshards\n", "allow-unchecked": "true"}, tmp_path, bindir)
+    (merged,) = (tmp_path / "crashbench-results").glob("*.json")
+    raw = json.loads(merged.read_text())
+    assert code == {"pass": 0, "fail": 1}.get(raw["status"], 4), printed
+    assert outputs["runs"] == "2" and outputs["designs"] == "naive,reliable" and outputs["result_id"] == raw["id"]
+    assert outputs["verdict"] == raw["status"] and len(raw["shards"]) == 2
+    assert "<testsuites" in (tmp_path / "crashbench.xml").read_text()
+    # A shard missing is the merge's one line, exit 2.
+    shutil.rmtree(tmp_path / "shards" / "shard-2")
+    code, outputs, printed = run_step("check", {"merge": "shards"}, tmp_path, bindir)
+    assert code == 2 and outputs == {"exit_code": "2"} and "missing shard(s) 2/2" in printed

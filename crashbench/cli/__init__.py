@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from crashbench.cli import bench, clean, crash, gate, store  # noqa: F401 - each registers its commands
+from crashbench.cli import bench, clean, crash, gate, merge, store  # noqa: F401 - each registers its commands
 from crashbench.cli.common import cli as cli
 from crashbench.cli.common import fail
 

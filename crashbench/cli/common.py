@@ -28,6 +28,7 @@ from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import Threshold
 from crashbench.report import export, recount, store
 from crashbench.report.render import progress_line, result_table
+from crashbench.run import shard as sharding
 from crashbench.run.progress import Progress
 from crashbench.run.runner import StopFlag
 from crashbench.run.session import Options
@@ -136,6 +137,13 @@ OUT = click.option(
     default=store.DEFAULT_DIR,
     show_default=True,
     help="Result JSON file, or a directory (the results store) to save it in under its id.",
+)
+SHARD = click.option(
+    "--shard",
+    metavar="K/N",
+    help="Run only shard K of N of the runs (designs or sweep values x repeats, dealt forth and back design by "
+    "design, each design's repeats to different shards first), one machine each; `crashbench merge` puts the N "
+    "results together into the unsharded run's.",
 )
 WHERE_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     REDIS_URL,
@@ -321,7 +329,7 @@ def execute(
     options = Options(
         opts["redis_url"], opts["server_binary"], opts["keep"], show, warn, stop, worker_python,
         library_pythons=library_pythons, repeat=opts.get("repeat", 1), thresholds=given, baseline=baseline,
-        cluster=cluster_option(opts),
+        cluster=cluster_option(opts), shard=sharding.parse(opts["shard"]) if opts.get("shard") else None,
     )  # fmt: skip
     with stop.installed():
         if live is not None:
@@ -347,6 +355,11 @@ def report(result: Result, opts: dict[str, Any], saved: Path | None = None, gate
     else:
         out.print(result_table(result, plain=opts["plain"]), crop=False)  # kept-workdir paths stay whole
         out.print(f"[dim]server: {escape(result.environment.server_line())}[/]", highlight=False, soft_wrap=True)
+        if (s := result.shard) is not None:
+            what = f"shard {s.k}/{s.n} of plan {s.plan}: {len(s.runs)} of its {s.total} runs"
+            out.print(
+                f"[dim]{what}; crashbench merge gives the whole run's verdict[/]", highlight=False, soft_wrap=True
+            )
         if saved is not None:  # soft_wrap: a path is never cut or split, whatever the width
             out.print(f"[dim]result: {escape(str(saved))}[/]", highlight=False, soft_wrap=True)
     try:

@@ -12,6 +12,7 @@ from rich.text import Text
 from crashbench import scenario as scenarios
 from crashbench.cli import common
 from crashbench.cli.common import (
+    SHARD,
     STORE_DIR,
     cli,
     execute,
@@ -45,6 +46,7 @@ def run(design: str, **opts: Any) -> None:
     metavar="A,B,...",
     help="Designs to compare. [default: the scenario's run.designs, else every built-in]",
 )
+@SHARD
 @session_options
 @reports_errors
 def compare(designs: str | None, **opts: Any) -> None:
@@ -68,6 +70,7 @@ def design_list(designs: str | None, sc: Scenario) -> list[str]:
     metavar="NAME=V1,V2,...",
     help=f"The setting to vary and its values. Sweepable: {', '.join(SWEEPABLE)}.",
 )
+@SHARD
 @session_options
 @reports_errors
 def sweep(design: str, param: str, **opts: Any) -> None:
@@ -107,6 +110,7 @@ BASELINE_HELP = (
     help="Pass a design no threshold applied to (by default that is no verdict: exit 4).",
 )
 @STORE_DIR
+@SHARD
 @session_options
 @reports_errors
 def check(

@@ -24,6 +24,7 @@ from crashbench.model.faults import NetworkFaultRecord as NetworkFaultRecord
 from crashbench.model.faults import SignalRecord as SignalRecord
 from crashbench.model.faults import WorkerExit as WorkerExit
 from crashbench.model.faults import broker_fault_name, fault_class, fault_dict
+from crashbench.model.shard import Shard
 from crashbench.model.stored import Consumer
 from crashbench.model.timeline import Timeline
 
@@ -232,6 +233,8 @@ class Result:
     thresholds: list[ThresholdResult] = field(default_factory=list)
     baseline: str | None = None  # the id of the result relative thresholds were checked against
     timeline: str | None = None  # the file, beside this one, that holds every run's timeline
+    shard: Shard | None = None  # a --shard K/N run: which runs of which plan it holds (crashbench merge)
+    shards: list[str] = field(default_factory=list)  # a merged result: the ids of its shards, 1..N
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
 
@@ -274,7 +277,8 @@ class Result:
         """Every part a slug: a scenario named "../../x" must not write outside --out, nor a long one
         make a name the file system refuses."""
         names = "-".join(dict.fromkeys(r.design.replace(":", "_").replace(".", "_") for r in self.runs))
-        return f"{slug(self.id)}-{slug(self.kind)}-{slug(str(self.scenario['name']))}-{slug(names, 60)}.json"
+        part = f"-shard{self.shard.k}of{self.shard.n}" if self.shard is not None else ""
+        return f"{slug(self.id)}-{slug(self.kind)}-{slug(str(self.scenario['name']))}-{slug(names, 60)}{part}.json"
 
     def write(self, out: Path) -> Path:
         """Write to `out` (a .json file, or a directory to put it in under its own name)."""

@@ -29,11 +29,12 @@ from crashbench.faults.sentinel import FAMILY as SENTINEL
 from crashbench.faults.sentinel import topology_options
 from crashbench.faults.sentinel.broker import sentinel_broker
 from crashbench.faults.servers import CLUSTER_KINDS as CLUSTER_FAULTS
-from crashbench.model.results import Result, new_id, now_iso, summarize
+from crashbench.model.results import DesignRun, Result, new_id, now_iso, summarize
 from crashbench.model.sections import FIELDS
 from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import Threshold, check_all, check_targets, count_evaluated
 from crashbench.redact import redact_text, scrub_exception
+from crashbench.run import shard as sharding
 from crashbench.run.environment import environment
 from crashbench.run.progress import Progress
 from crashbench.run.runner import CrashRun, RunHooks, RunTarget, StopFlag
@@ -62,6 +63,7 @@ class Options:
     # library -> interpreter: that library's designs' workers only (arq's and saq's, which need redis-py < 8),
     # so one compare can hold every library; the rest run as worker_python says
     library_pythons: tuple[tuple[str, str], ...] = ()
+    shard: tuple[int, int] | None = None  # (K, N): run only shard K of N of the runs (crashbench.run.shard)
 
     def python_for(self, library: str | None) -> str | None:
         """The interpreter a design of `library` runs its workers under (None: crashbench's own)."""
@@ -249,6 +251,8 @@ def _check_targets(scenario: Scenario, run_names: Sequence[str], given: Sequence
 
 def _run(base: Scenario, plan: Plan, options: Options, kind: str) -> Result:
     _check_targets(base, [name for _, spec, variant in plan for name in (spec, variant) if name], options.thresholds)
+    if options.shard is not None:
+        sharding.check(options.shard, len(plan) * options.repeat)
     _check_cluster_faults(plan, options.cluster)
     _check_sentinel(plan, options)
     libraries = _check_designs(plan, options)
@@ -307,11 +311,15 @@ def _run_on_server(
             _check_cluster(plan)
         for python in pythons.values():  # an exec'd worker gets the URL in its environment, never argv
             python.redis_url = server.url
-        runs = []
+        runs: list[DesignRun] = []
+        total = len(plan) * options.repeat
+        wanted = set(sharding.chosen(len(plan), options.repeat, *options.shard) if options.shard else range(total))
         hooks = RunHooks(options.progress, options.stop, options.warn, keep_dir=options.keep)
         try:
             for repeat in range(options.repeat):
                 for index, (scenario, spec, variant) in enumerate(plan):
+                    if repeat * len(plan) + index not in wanted:  # another shard's
+                        continue
                     with contextlib.ExitStack() as own:
                         url, broker, fault, clock_file = server.url, None, scenario.broker.fault, ""
                         if embedded_cluster is not None and fault in CLUSTER_FAULTS:
@@ -341,7 +349,7 @@ def _run_on_server(
                         if scenario.broker.wait_aof and (why := durable.missing(url)):
                             raise UsageError(f"broker.wait_aof: {why}", hint="--server PATH to valkey-server")
                         target = RunTarget(
-                            spec, url, run_id, index=repeat * len(plan) + index, variant=variant, repeat=repeat,
+                            spec, url, run_id, index=len(runs), variant=variant, repeat=repeat,
                             external=server.external and broker is None,
                             workers_url=server.workers_url if broker is None else "", clock_file=clock_file,
                         )  # fmt: skip
@@ -361,6 +369,9 @@ def _run_on_server(
         Result(
             id=new_id(run_id), kind=kind, created=now_iso(), scenario=base.to_dict(), fingerprint=base.fingerprint(),
             runs=runs, environment=env, repeat=options.repeat, summary=summarize(runs),
+            shard=None if options.shard is None else sharding.record(
+                options.shard, kind, base, plan, options.repeat, options.thresholds, options.baseline
+            ),
         ),
         options.thresholds,
         options.baseline,
@@ -371,7 +382,9 @@ def evaluate(result: Result, given: Sequence[Threshold], baseline: Result | None
     """The result with its thresholds evaluated: the scenario's [expect.*], `given`, and the defaults
     they imply. Raises UsageError if one names a design the result has no run of."""
     scenario = Scenario.from_dict(result.scenario)
-    _check_targets(scenario, [name for r in result.runs for name in (r.design, r.variant) if name], given)
+    # A shard's thresholds may name a design of the plan that another shard holds.
+    names = [name for r in result.runs for name in (r.design, r.variant) if name]
+    _check_targets(scenario, names + (result.shard.labels() if result.shard else []), given)
     baseline_runs = baseline.runs if baseline is not None else None
     result.thresholds = check_all(result.runs, scenario.expect, given, baseline_runs)
     count_evaluated(result)
