@@ -259,8 +259,9 @@ def test_shards_script_stops_on_a_shard_s_error_and_estimates_the_docs_figures(t
 
 @pytest.mark.slow
 def test_a_sweep_split_in_two_merges_into_the_sweep_of_every_value(tmp_path: Path) -> None:
-    args = ["sweep", "-d", "reliable", "-p", "stale_after=0.3,0.6", "--jobs", "100", "--job-ms", "10", "--kills", "1",
-            "--recover-every", "0.05", "--drain-timeout", "2", "-t", "stale_after=0.6: redelivered<=100", "--plain"]  # fmt: skip
+    args = ["sweep", "-d", "reliable", "-p", "stale_after=0.3,0.6", "--jobs", "100", "--job-ms", "10",
+            "--kills", "1", "--recover-every", "0.05", "--drain-timeout", "2",
+            "-t", "stale_after=0.6: redelivered<=100", "--plain"]  # fmt: skip
     for k in (1, 2):
         cp = crashbench(*args, "--shard", f"{k}/2", "--out", str(tmp_path / "shards"), tmp_path=tmp_path)
         assert cp.returncode in (0, 1), cp.stderr
