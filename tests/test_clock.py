@@ -214,6 +214,7 @@ def test_a_server_clock_jump_expires_arq_s_in_progress_keys_and_its_running_jobs
     (run,) = result.runs
     assert result.environment.server_name == "valkey"  # the session names the server the run had, not redis-server
     (jump,) = [e for e in run.timeline.fault_events if e.what == "moved"]
-    assert jump.data["target"] == "server" and abs(jump.data["measured"] - 600.0) < 1.0 and abs(jump.t - 1.0) < 0.2
+    # Never before its time (on a loaded machine, it comes at the driver's first step after it)
+    assert jump.data["target"] == "server" and abs(jump.data["measured"] - 600.0) < 1.0 and jump.t >= 1.0
     assert run.counts.done == 12 and run.counts.duplicated >= 6
     assert failing(sc, [run]) == []
