@@ -23,6 +23,7 @@ LABELS = {
     "before": "the process, on asyncio (before 2026-12-07)",
     "process": "the process, on its epoll loop (CRASHBENCH_PROXY_SOCKMAP=0)",
     "kernel": "the kernel: a BPF sockmap (as root)",
+    "kernel-again": "the kernel again, 10 minutes later",
 }
 
 
