@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: hosts clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost clean
+.PHONY: hosts clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost proxy-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -269,6 +269,13 @@ inspector-cost: $(STAMP)  ## the harness reading 100,000 held jobs from Redis
 
 lazyfs-cost: $(STAMP) system-deps  ## the lazy file system's cost: AOF-always ops/s on it against a bare directory (and one in RAM)
 	$(BIN)/python lab/lazyfs_cost.py --repeat 7 --out results/readme/lazyfs-cost
+
+# The proxy's two paths with no toxic on (crashbench/control/proxy.py): the kernel's (as root) and its own process's.
+PROXY_COST := --proxy --designs reliable --workers 4 --jobs 10000 --repeat 5 --memory-jobs 0 --plain
+proxy-cost: $(STAMP)  ## the network fault proxy's cost with no toxic on: bench --proxy, kernel path and process path
+	$(BIN)/crashbench bench $(PROXY_COST) --out results/readme/proxy/kernel.json
+	CRASHBENCH_PROXY_SOCKMAP=0 $(BIN)/crashbench bench $(PROXY_COST) --out results/readme/proxy/process.json
+	$(BIN)/python lab/proxy_cost.py --table results/readme/proxy
 
 plugin-overhead: $(STAMP)  ## the pytest plugin's cost: one test using the fixture vs crashbench run, 5 times each
 	$(BIN)/python lab/plugin_overhead.py 5

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from crashbench.control.proxyctl import ProxyProcess
+from crashbench.control.sockmap import Sockmap
 from crashbench.errors import RunAborted
 
 # Real libraries, clusters, networks or installs: left out of the quick loop (make test-fast).
@@ -51,8 +52,23 @@ def echo() -> Iterator[int]:
         t.join(timeout=5)
 
 
+@pytest.fixture(params=["kernel", "process"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which way the proxy forwards a connection while no toxic is on: through the kernel (a BPF
+    sockmap, as root), or through its own process (everywhere; as root, with CRASHBENCH_PROXY_SOCKMAP=0).
+    Every test of a toxic runs on both: a toxic switched on takes a connection off the kernel's path."""
+    if request.param == "process":
+        monkeypatch.setenv("CRASHBENCH_PROXY_SOCKMAP", "0")
+        return "process"
+    maps, why = Sockmap.open(capacity=2)
+    if maps is None:
+        pytest.skip(f"the proxy's kernel path needs root and BPF sockmaps: {why}")
+    maps.close()
+    return "kernel"
+
+
 @pytest.fixture
-def proxy(echo: int, tmp_path: Path) -> Iterator[ProxyProcess]:
+def proxy(echo: int, tmp_path: Path, path: str) -> Iterator[ProxyProcess]:
     px = ProxyProcess([("127.0.0.1", echo)] * 2, tmp_path / "proxy.log")
     yield px
     px.close()
@@ -98,6 +114,33 @@ def test_megabytes_go_through_intact_to_a_reader_that_waits_first(proxy: ProxyPr
             got += chunk
         sender.join()
     assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+
+def test_each_path_is_the_one_the_proxy_says_it_takes(proxy: ProxyProcess, path: str, tmp_path: Path) -> None:
+    with connect(proxy) as sock:
+        assert round_trip(sock, b"ping")[0] == b"ping"
+    line = next(x for x in (tmp_path / "proxy.log").read_text().splitlines() if x.startswith("kernel forwarding"))
+    want = "kernel forwarding: on" if path == "kernel" else "kernel forwarding: off (CRASHBENCH_PROXY_SOCKMAP=0)"
+    assert line.startswith(want)
+
+
+def test_a_toxic_switched_on_mid_stream_comes_after_what_went_before_in_order(proxy: ProxyProcess) -> None:
+    """8 MB sent, the answers not read, and a toxic switched on meanwhile: what the kernel (or the
+    proxy) had taken before the switch is still on its way while what comes after goes through the
+    proxy's toxic; none of it overtakes the rest, none is lost."""
+    payload = bytes(range(251)) * (8 * 4177)  # 251: a byte out of place shows
+    with connect(proxy) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(payload,))
+        sender.start()
+        time.sleep(0.3)  # the buffers fill up on both sides
+        proxy.set([0], [{"name": "latency", "direction": "downstream", "latency": 1}])
+        got = bytearray()
+        while len(got) < len(payload) and (chunk := sock.recv(1 << 20)):
+            got += chunk
+        sender.join()
+        assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+        proxy.set([0], [{"name": "latency", "direction": "downstream", "latency": 300}])
+        assert round_trip(sock, b"ping")[1] >= 0.3
 
 
 def test_latency_per_direction_applies_to_a_connection_already_open(proxy: ProxyProcess) -> None:

@@ -1,5 +1,7 @@
 """The network fault proxy: a TCP proxy between each worker slot and the server, with Toxiproxy's
-toxics, so one worker (or all) can meet a slow, stalled, reset or refused connection. No root needed.
+toxics, so one worker (or all) can meet a slow, stalled, reset or refused connection. No root needed;
+as root, a connection opened while its slot has no toxic on is forwarded by the kernel (a BPF sockmap,
+crashbench.control.sockmap) until a toxic comes on, and the proxy is not woken for each chunk.
 
 It runs as its own process (`python -m crashbench.control.proxy HOST:PORT ...`, one slot per target;
 crashbench.control.proxyctl starts it), not as a thread of crashbench: workers are forked from
@@ -30,18 +32,20 @@ Toxics, with Toxiproxy's names and attributes (times in ms), each `upstream` (wo
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import errno
 import json
+import os
 import random
 import socket
-import struct
 import sys
 from collections import deque
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from crashbench.control.proxyloop import Loop, Task, shut_socket, tuned
+from crashbench.control.sockmap import Pair, Sockmap
+
+WAYS = {"upstream": 0, "downstream": 1}  # a direction's number in crashbench.control.sockmap
 TOXICS = ("latency", "bandwidth", "slicer", "limit_data", "timeout", "reset_peer", "down")
 DIRECTIONS = ("upstream", "downstream", "both")
 
@@ -51,7 +55,6 @@ DIRECTIONS = ("upstream", "downstream", "both")
 # per chunk, half the proxy's CPU with no toxic on. The same size, so a toxic meets the same chunks.
 _buffer = bytearray(256 * 1024)
 _view = memoryview(_buffer)
-RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST, not a FIN
 
 
 @dataclass
@@ -90,24 +93,17 @@ class Slot:
         return None
 
 
-def _tuned(sock: socket.socket) -> socket.socket:
-    # Non-blocking for the loop; TCP_NODELAY (as asyncio's transports): the traffic is small requests and
-    # answers, and Nagle's algorithm would hold each one back until the previous one is acknowledged.
-    sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
 class Conn:
     """A worker's connection through the proxy: its client socket and the server socket, read with the
     loop's reader callbacks. Without a toxic on a direction a chunk is sent on as soon as it is read (no
     task, no copy); with one, it is copied into a queue that a task works off applying the toxics, in
     order. What a socket does not take at once waits in `unsent`, and the other socket is not read
     meanwhile: a slow reader holds the sender back, as TCP would. The server socket is None until
-    it is connected; the client's is not read until then."""
+    it is connected; the client's is not read until then. A connection the kernel forwards (`pair`)
+    comes here only at its end, or once a toxic took a direction out of the kernel's map."""
 
-    def __init__(self, slot: Slot, client: socket.socket, peer: str) -> None:
-        self.slot, self.client, self.peer, self.loop = slot, client, peer, asyncio.get_running_loop()
+    def __init__(self, loop: Loop, slot: Slot, client: socket.socket, peer: str) -> None:
+        self.slot, self.client, self.peer, self.loop = slot, client, peer, loop
         self.src: dict[str, socket.socket | None] = {"upstream": client, "downstream": None}
         self.dst: dict[str, socket.socket | None] = {"upstream": None, "downstream": client}
         self.unsent = {"upstream": bytearray(), "downstream": bytearray()}
@@ -115,17 +111,25 @@ class Conn:
         self.draining: set[str] = set()
         self.sent = {"upstream": 0, "downstream": 0}  # bytes, per direction (limit_data)
         self.closed = False
-        self.tasks: set[asyncio.Task[None]] = set()  # referenced until done
+        self.pair: Pair | None = None  # its sockets in the kernel's sockmap, forwarding to each other
+        self.pending: set[str] = set()  # directions the kernel forwarded, not known to be all delivered
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = self.loop.create_task(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def start(self, server: socket.socket) -> None:
+    def start(self, server: socket.socket, maps: Sockmap | None) -> None:
+        """With `maps` (no toxic on its slot), the kernel forwards the connection's chunks; the readers
+        then only see its end, or what comes once a toxic took a direction out of the map."""
         self.src["downstream"] = self.dst["upstream"] = server
-        self.loop.add_reader(self.client.fileno(), self.readable, "upstream")
-        self.loop.add_reader(server.fileno(), self.readable, "downstream")
+        if maps is not None and (pair := maps.pair(self.client, server)) is not None:
+            self.pair, self.pending = pair, {"upstream", "downstream"}
+        for direction, sock in self.src.items():
+            assert sock is not None
+            self.loop.add_reader(sock.fileno(), self.readable, direction)
+            self.loop.quiet(sock.fileno(), self.pair is not None)
+
+    def leave(self, direction: str) -> None:
+        """The direction's chunks come to the process from now on, for good."""
+        if self.pair is not None and (src := self.src[direction]) is not None and src.fileno() >= 0:
+            self.pair.leave(WAYS[direction])
+            self.loop.quiet(src.fileno(), False)
 
     def readable(self, direction: str) -> None:
         sock = self.src[direction]
@@ -138,11 +142,11 @@ class Conn:
             n = 0  # reset by its peer: the connection ends, as on an end of file
         if not n:
             self.close()
-        elif direction in self.slot.slow or direction in self.draining:
+        elif direction in self.slot.slow or direction in self.draining or direction in self.pending:
             self.queues[direction].append(bytes(_view[:n]))
             if direction not in self.draining:
                 self.draining.add(direction)
-                self.spawn(self.drain(direction))
+                self.loop.spawn(self.drain(direction))
         else:
             self.sent[direction] += n
             self.write(direction, _view[:n])
@@ -181,22 +185,23 @@ class Conn:
             return
         self.loop.remove_writer(out.fileno())
         if self.closed:
-            _shut(self.loop, out)  # flushed: now it can close
+            shut_socket(self.loop, out)  # flushed: now it can close
         elif (src := self.src[direction]) is not None:
             self.loop.add_reader(src.fileno(), self.readable, direction)
 
-    async def drain(self, direction: str) -> None:
+    def drain(self, direction: str) -> Task:
         slot, queue = self.slot, self.queues[direction]
         try:
+            yield from self.flush(direction)
             while queue and not self.closed:
                 data = queue.popleft()
                 if slot.active("timeout", direction) is not None:
                     continue  # swallowed: the peer waits for an answer that never comes
                 if (t := slot.active("latency", direction)) is not None:
                     jitter = t.get("jitter", 0)
-                    await asyncio.sleep(max(0.0, t.get("latency", 0) + random.uniform(-jitter, jitter)) / 1000)
+                    yield max(0.0, t.get("latency", 0) + random.uniform(-jitter, jitter)) / 1000
                 if (t := slot.active("bandwidth", direction)) is not None and t.get("rate", 0) > 0:
-                    await asyncio.sleep(len(data) / (t["rate"] * 1024))
+                    yield len(data) / (t["rate"] * 1024)
                 sent = self.sent[direction]
                 if (t := slot.active("limit_data", direction)) is not None and sent + len(data) > t["bytes"]:
                     self.write(direction, data[: max(0, t["bytes"] - sent)])
@@ -209,11 +214,25 @@ class Conn:
                         n = max(1, size + random.randint(-variation, variation))
                         self.write(direction, data[:n])
                         data = data[n:]
-                        await asyncio.sleep(t.get("delay", 0) / 1e6)
+                        yield t.get("delay", 0) / 1e6
                 else:
                     self.write(direction, data)
         finally:
             self.draining.discard(direction)
+
+    def flush(self, direction: str) -> Task:
+        """Take the direction out of the kernel's map, and wait until what the kernel forwarded reached
+        its destination: only then may the process send on it, or close it."""
+        if direction not in self.pending or self.pair is None:
+            return
+        self.leave(direction)
+        wait = 0.0005
+        while not self.pair.flushed(WAYS[direction]):
+            yield wait
+            wait = min(2 * wait, 0.05)
+        if direction in self.pending:
+            self.pending.discard(direction)
+            self.sent[direction] += self.pair.redirected(WAYS[direction])
 
     def close(self) -> None:
         """Close both sides with a FIN, each once what it had to send went; what a toxic held is dropped."""
@@ -221,11 +240,21 @@ class Conn:
             return
         self.closed = True
         self.slot.conns.discard(self)
-        for direction, sock in self.dst.items():
+        for sock in self.dst.values():
             if sock is not None and sock.fileno() >= 0:
                 self.loop.remove_reader(sock.fileno())
-                if not self.unsent[direction]:  # else writable() closes it once flushed
-                    _shut(self.loop, sock)
+        self.loop.spawn(self.shut())
+
+    def shut(self) -> Task:
+        for direction in self.pending:  # both directions out of the map at once: what comes now is dropped
+            self.leave(direction)
+        for direction in list(self.pending):
+            yield from self.flush(direction)
+        if self.pair is not None:
+            self.pair.release()
+        for direction, sock in self.dst.items():
+            if sock is not None and sock.fileno() >= 0 and not self.unsent[direction]:
+                shut_socket(self.loop, sock)  # else writable() closes it once flushed
 
     def reset(self) -> None:
         """Close both sides with an RST, as a peer that vanished would."""
@@ -233,22 +262,17 @@ class Conn:
         self.slot.conns.discard(self)
         for sock in self.dst.values():
             if sock is not None and sock.fileno() >= 0:
-                _shut(self.loop, sock, rst=True)
-
-
-def _shut(loop: asyncio.AbstractEventLoop, sock: socket.socket, rst: bool = False) -> None:
-    # Off the selector first: a closed descriptor's number is soon another socket's.
-    loop.remove_reader(sock.fileno())
-    loop.remove_writer(sock.fileno())
-    if rst:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RST)
-    sock.close()
+                shut_socket(self.loop, sock, rst=True)
+        if self.pair is not None:
+            self.pair.release()
 
 
 class Proxy:
     def __init__(self, targets: list[tuple[str, int]]) -> None:
         self.slots = [Slot(target) for target in targets]
+        self.loop = Loop()
+        self.commands = bytearray()  # what came on stdin up to its last full line
+        self.maps: Sockmap | None = None  # the kernel's forwarding, where it can be had
 
     def listen(self, slot: Slot) -> None:
         sock = socket.create_server(("127.0.0.1", slot.port), backlog=100)  # SO_REUSEADDR: the same port after down
@@ -258,7 +282,7 @@ class Proxy:
 
     def rearm(self, slot: Slot, listener: socket.socket) -> None:
         if slot.listener is listener:  # not closed (down) meanwhile
-            asyncio.get_running_loop().add_reader(listener.fileno(), self.accept, slot, listener)
+            self.loop.add_reader(listener.fileno(), self.accept, slot, listener)
 
     def accept(self, slot: Slot, listener: socket.socket) -> None:
         for _ in range(100):
@@ -267,41 +291,55 @@ class Proxy:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # out of descriptors, say: retry in a while, not in a busy loop (as asyncio)
-                asyncio.get_running_loop().remove_reader(listener.fileno())
-                asyncio.get_running_loop().call_later(1.0, self.rearm, slot, listener)
+                self.loop.remove_reader(listener.fileno())
+                self.loop.call_later(1.0, self.rearm, slot, listener)
                 return
-            conn = Conn(slot, _tuned(client), peer[0])
+            conn = Conn(self.loop, slot, tuned(client), peer[0])
             if slot.refuses(conn.peer):
                 conn.reset()
                 continue
             slot.conns.add(conn)
-            conn.spawn(self.connect(conn))
+            self.connect(conn)
 
-    async def connect(self, conn: Conn) -> None:
-        loop, slot = asyncio.get_running_loop(), conn.slot
-        try:
-            if not slot.addresses:
-                slot.addresses = await loop.getaddrinfo(*slot.target, type=socket.SOCK_STREAM)
-        except OSError:
+    def connect(self, conn: Conn) -> None:
+        slot = conn.slot
+        if not slot.addresses:
+            try:  # a blocking lookup, once per slot: the targets are addresses, or names in /etc/hosts
+                slot.addresses = socket.getaddrinfo(*slot.target, type=socket.SOCK_STREAM)
+            except OSError:
+                conn.reset()
+                return
+        self.dial(conn, 0)
+
+    def dial(self, conn: Conn, i: int) -> None:
+        """Connect to the target's i-th address, or the next one's if it fails; reset when none is left."""
+        if i >= len(conn.slot.addresses):
             conn.reset()
             return
-        for family, kind, proto, _, address in slot.addresses:
-            server = _tuned(socket.socket(family, kind, proto))
-            try:
-                await loop.sock_connect(server, address)
-            except OSError:
-                server.close()
-                continue
-            if conn.closed:  # reset while it connected (the slot went down)
-                server.close()
-                return
-            conn.start(server)
-            if (after := slot.reset_after(conn.peer)) is not None:
-                loop.call_later(after, conn.reset)
-            return
-        conn.reset()
+        family, kind, proto, _, address = conn.slot.addresses[i]
+        server = tuned(socket.socket(family, kind, proto))
+        error = server.connect_ex(address)
+        if error == errno.EINPROGRESS:
+            self.loop.add_writer(server.fileno(), self.connected, conn, i, server)
+        elif error:
+            server.close()
+            self.dial(conn, i + 1)
+        else:
+            self.connected(conn, i, server)
 
-    async def set(self, slots: list[int], toxics: list[dict[str, Any]]) -> None:
+    def connected(self, conn: Conn, i: int, server: socket.socket) -> None:
+        self.loop.remove_writer(server.fileno())
+        if conn.closed:  # reset while it connected (the slot went down)
+            server.close()
+        elif server.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            server.close()
+            self.dial(conn, i + 1)
+        else:
+            conn.start(server, self.maps if not conn.slot.toxics else None)
+            if (after := conn.slot.reset_after(conn.peer)) is not None:
+                self.loop.call_later(after, conn.reset)
+
+    def set(self, slots: list[int], toxics: list[dict[str, Any]]) -> None:
         for t in toxics:
             if t.get("name") not in TOXICS or t.get("direction", "both") not in DIRECTIONS:
                 raise ValueError(f"unknown toxic {t.get('name')!r} or direction {t.get('direction')!r}")
@@ -315,25 +353,38 @@ class Proxy:
             slot.slow = frozenset(d for d in ("upstream", "downstream") if on & {d, "both"})
             down = slot.down_all()
             if down and not was_down and slot.listener is not None:
-                _shut(asyncio.get_running_loop(), slot.listener)  # connections not yet accepted get an RST
+                shut_socket(self.loop, slot.listener)  # connections not yet accepted get an RST
                 slot.listener = None
             for conn in list(slot.conns):
+                for direction in slot.slow & conn.pending:  # out of the kernel's map, for good
+                    conn.leave(direction)
                 if (after := slot.reset_after(conn.peer)) is not None:
-                    asyncio.get_running_loop().call_later(after, conn.reset)
+                    self.loop.call_later(after, conn.reset)
             if was_down and not down:
                 self.listen(slot)  # the same port again
 
-    async def serve(self) -> None:
+    def serve(self) -> None:
+        self.maps, why = Sockmap.open()
+        print(f"kernel forwarding: {'on (BPF sockmap)' if self.maps else f'off ({why})'}", file=sys.stderr, flush=True)
         for slot in self.slots:
             self.listen(slot)
         print("READY " + " ".join(str(s.port) for s in self.slots), flush=True)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        while line := await reader.readline():
+        self.loop.add_reader(sys.stdin.fileno(), self.command)
+        self.loop.run()
+
+    def command(self) -> None:
+        """What came on stdin: each full line a command, answered; the end of stdin ends the proxy."""
+        data = os.read(sys.stdin.fileno(), 65536)
+        if not data:
+            self.loop.stop()
+            return
+        self.commands += data
+        while (end := self.commands.find(b"\n")) >= 0:
+            line = bytes(self.commands[: end + 1])
+            del self.commands[: end + 1]
             try:
                 cmd = json.loads(line)
-                await self.set(list(cmd["slots"]), list(cmd["toxics"]))
+                self.set(list(cmd["slots"]), list(cmd["toxics"]))
                 print("ok", flush=True)
             except (ValueError, KeyError, TypeError, IndexError, OSError) as exc:
                 print(f"error: {exc}", flush=True)
@@ -344,7 +395,7 @@ def main(argv: list[str]) -> int:
 
     die_with_parent()
     targets = [(host, int(port)) for host, _, port in (a.rpartition(":") for a in argv)]
-    asyncio.run(Proxy(targets).serve())
+    Proxy(targets).serve()
     return 0
 
 
