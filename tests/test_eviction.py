@@ -153,10 +153,11 @@ def test_rq_s_evicted_ids_and_orphaned_job_hashes_are_counted_not_taken_for_a_co
     alone. An id whose hash went is nothing RQ can run (lost, to eviction); a hash whose list went is held
     by nothing (held at "hash-only"). Both by the ledger and the server's own notifications, read here too;
     the harness's search, which finds those ids in the keys, raises no contradiction (job_of_disagrees)."""
-    # 300 jobs of 20 kB: 30 of them waiting outgrow the 512 kB margin, however slowly a loaded machine enqueues;
-    # enqueued over 2 s, so that a late tick of a loaded machine's loop leaves some to enqueue under the limit.
+    # 600 jobs of 20 kB: 30 of them waiting outgrow the 512 kB margin, however slowly a loaded machine enqueues
+    # (300 once left RQ's workers keeping up in a clean clone's run, and nothing was evicted); enqueued over
+    # 2 s, so that a late tick of a loaded machine's loop leaves some to enqueue under the limit.
     sc = load("eviction-allkeys-lru").replace(
-        jobs=300, payload_bytes=20_000, limit_s=2.0, produce_s=2.0, drain_timeout=3
+        jobs=600, payload_bytes=20_000, limit_s=2.0, produce_s=2.0, drain_timeout=3
     )
     (run,) = run_designs(sc, ["rq"], Options()).runs
     c = run.counts
