@@ -52,7 +52,11 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     run = run_designs(backlog.replace(fault_at=1.5), ["naive"], Options()).runs[0]
     c, bf = run.counts, run.broker_fault
     assert run.problems == []
-    assert bf is not None and bf.acknowledged_before == 600 and c.indeterminate == 0
+    # Production usually ended before the fault; a loaded machine's producer may still be pacing (580 of 600
+    # once, in a clean clone's run): the record counts what was acknowledged before the kill, as sent.
+    assert bf is not None
+    sent_before = sum(len(e.ids) for e in run.timeline.enqueues if e.ok and e.t < bf.at)
+    assert bf.acknowledged_before == sent_before > 100
     assert bf.held_at_fault > 100  # what the harness read from Redis itself just before the SIGKILL
     # Lost: exactly the jobs held at the kill that never ran. A few held ones may still be done: popped
     # by a worker while the harness read Redis, just before the SIGKILL; being first in line, they
@@ -61,7 +65,7 @@ def test_without_persistence_every_job_the_queue_held_at_the_kill_is_lost(backlo
     lost = run.jobs["lost"]
     shown = [j for j in bf.held_ids if j >= lost[0]]
     assert shown == lost[: len(shown)] and len(shown) > 50
-    assert c.done == 600 - c.lost
+    assert c.done + c.lost + c.unconfirmed == 600
 
 
 def test_a_failover_loses_what_the_replica_never_got_unless_enqueues_wait_for_it(
