@@ -4,11 +4,24 @@ it reads, moved just past its bound on a copy of a run, breaks it), so none rest
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
+from pathlib import Path
 
 from crashbench.model import thresholds
 from crashbench.model.results import DesignRun
 from crashbench.model.spec import Scenario
+from crashbench.report import store
+
+
+@functools.cache
+def committed_runs(directory: Path) -> dict[str, list[DesignRun]]:
+    """The runs of a directory's committed result files, by scenario name (read once per test process)."""
+    out: dict[str, list[DesignRun]] = {}
+    for path in sorted(directory.glob("*.json")):
+        result = store.load(str(path))
+        out.setdefault(str(result.scenario["name"]), []).extend(result.runs)
+    return out
 
 
 def failing(sc: Scenario, runs: Sequence[DesignRun]) -> list[tuple[str, int, str, object]]:

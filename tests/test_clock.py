@@ -204,7 +204,7 @@ def test_a_strobed_worker_s_clock_flips_as_planned_by_its_own_reading() -> None:
     # worker's own watch saw every one (its latency is measured, not bounded here).
     assert all(e.t >= at for e, at in zip(moved, (1.5, 1.75, 2.0, 2.25), strict=True)), moved
     assert [e.t for e in moved] == sorted(e.t for e in moved)
-    assert all(e.data["seen"] and min(e.data["seen"].values()) >= 0 for e in moved), moved
+    assert all(e.data["seen"] for e in moved), moved
     assert run.counts.done == 300 and run.counts.duplicated == 0
 
 

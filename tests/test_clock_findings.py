@@ -3,7 +3,6 @@ and every expectation of the clock scenarios holds on those runs and can fail (n
 
 from __future__ import annotations
 
-import functools
 import runpy
 from pathlib import Path
 
@@ -11,21 +10,15 @@ import pytest
 
 from crashbench import scenario
 from crashbench.model.results import DesignRun
-from crashbench.report import store
-from tests.expectations import assert_each_can_fail, failing
+from tests.expectations import assert_each_can_fail, committed_runs, failing
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = runpy.run_path(str(ROOT / "lab" / "clocks.py"))
 OUT = ROOT / "results" / "readme" / "clocks"
 
 
-@functools.cache
 def _runs() -> dict[str, list[DesignRun]]:
-    out: dict[str, list[DesignRun]] = {}
-    for path in sorted(OUT.glob("*.json")):
-        result = store.load(str(path))
-        out.setdefault(str(result.scenario["name"]), []).extend(result.runs)
-    return out
+    return committed_runs(OUT)
 
 
 def test_the_doc_s_table_is_the_result_files_table() -> None:

@@ -3,7 +3,6 @@ and every expectation of the power-loss scenarios holds on those runs and can fa
 
 from __future__ import annotations
 
-import functools
 import runpy
 from pathlib import Path
 
@@ -11,8 +10,7 @@ import pytest
 
 from crashbench import scenario
 from crashbench.model.results import DesignRun
-from crashbench.report import store
-from tests.expectations import assert_each_can_fail, failing
+from tests.expectations import assert_each_can_fail, committed_runs, failing
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = runpy.run_path(str(ROOT / "lab" / "power_table.py"))
@@ -20,13 +18,8 @@ OUT = ROOT / "results" / "readme" / "power"
 SCENARIOS = ("power-loss", "power-loss-always", "power-loss-rdb", "power-loss-waitaof", "power-loss-libraries")
 
 
-@functools.cache
 def _runs() -> dict[str, list[DesignRun]]:
-    out: dict[str, list[DesignRun]] = {}
-    for path in sorted(OUT.glob("*.json")):
-        result = store.load(str(path))
-        out.setdefault(str(result.scenario["name"]), []).extend(result.runs)
-    return out
+    return committed_runs(OUT)
 
 
 def test_the_doc_s_table_is_the_result_files_table() -> None:
