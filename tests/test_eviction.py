@@ -168,9 +168,12 @@ def test_rq_s_evicted_ids_and_orphaned_job_hashes_are_counted_not_taken_for_a_co
     never = {j for e in run.timeline.enqueues if e.ok for j in e.ids} - started
     # Never started: lost, each one's hash or list evicted (the test's own subscription says), or held by
     # a hash alone, its list evicted (stranded at hash-only), or still waiting where RQ keeps it.
-    assert c.lost + c.stranded == len(never) and c.lost == c.lost_to_eviction > 0
-    assert all(any(k.startswith("rq:") and (j in k or ":queue:" in k) for k in mine) for j in run.jobs["lost"])
     held = run.timeline.located.held
-    assert c.stranded == len(held) and c.unexpected == 0
+    assert c.lost + len(held) == len(never) and c.lost == c.lost_to_eviction > 0
+    assert all(any(k.startswith("rq:") and (j in k or ":queue:" in k) for k in mine) for j in run.jobs["lost"])
+    # What is held is stranded; or, when a loaded machine's workers were still taking jobs as the drain's
+    # bound came (63 in a CI run), undrained instead.
+    assert c.stranded == (0 if run.timeline.cut_off else len(held)) and c.unexpected == 0
+    assert not run.timeline.cut_off or c.undrained == len(held)
     if any(places == ["hash-only"] for places in held.values()):
         assert any(":queue:" in k or k.startswith("rq:wip:") for k in mine)  # what named them went

@@ -231,3 +231,26 @@ def test_poison_reported_for_a_job_whose_handler_never_raised() -> None:
     runs = [*B_TWICE, ex("c", failed=True)]
     state = QueueState(requeued={"b"}, requeue_events=1, poisoned={"a", "c"})
     assert requeue_check(state, runs) == {"poison_unfounded": ["a"]}
+
+
+def test_a_family_event_that_names_slots_is_a_fault_the_requeue_check_allows_for() -> None:
+    """A host partition cut two workers off mid-fetch: the job the server moved to one of them was given
+    back and ran once, after the partition. The tally counts the event (its "slots") as a fault on each
+    slot; without the event the same job is a requeue nothing could have caused, and the check fires."""
+    from crashbench.evidence.tally import _redelivery
+    from crashbench.model.counts import Counts
+    from crashbench.model.spec import Scenario
+    from crashbench.model.timeline import DesignFlags, FaultEvent, Timeline
+
+    tl = Timeline(0, "reliable", "", "p:", 0, Scenario().to_dict(), DesignFlags(counts_requeues=True), 0.0, 0.0, 1.0)
+    classes = {"redelivered": set()}
+    quiet = _redelivery(tl, Scenario(), Counts(), classes)
+    tl.fault_events.append(FaultEvent("hosts", "partition", 0.3, {"index": 0, "host": 1, "slots": [2, 3]}))
+    tl.fault_events.append(FaultEvent("hosts", "heal", 0.9, {"index": 0, "host": 1}))
+    cut = _redelivery(tl, Scenario(), Counts(), classes)
+    assert (cut.first_fault, cut.faults) == (0.3, 2) and quiet.faults == 0
+    runs = Executions.of([ex("c", "w0", start=1.2, end=1.25)])
+    state = QueueState(requeued={"c"}, requeue_events=1)
+    assert [p.check for p in requeues(state, IDS, runs, Located(), cut)] == []
+    fired = requeues(state, IDS, runs, Located(), quiet)
+    assert {p.check for p in fired} == {"requeue_unfounded", "requeue_events_unfounded"}

@@ -196,10 +196,14 @@ def design_run(tl: Timeline, checkers: Sequence[Checker]) -> DesignRun:
 
 
 def _redelivery(tl: Timeline, sc: Scenario, c: Counts, classes: dict) -> evidence.Redelivery:
-    times = [k.at for k in tl.signals] + [nf.at for nf in tl.network]
+    # A family's event that names the worker slots it struck (a host's crash, pause or partition) is a
+    # fault on each of them: a worker cut off mid-fetch leaves the job the server moved to it to recovery.
+    struck = [e for e in tl.fault_events if isinstance(e.data.get("slots"), list) and e.data["slots"]]
+    times = [k.at for k in tl.signals] + [nf.at for nf in tl.network] + [e.t for e in struck]
     if tl.broker_fault is not None:
         times.append(tl.broker_fault.at)
     faults = len(tl.signals) + sum(max(1, len(nf.slots)) for nf in tl.network)
+    faults += sum(len(e.data["slots"]) for e in struck)
     faults += sc.workload.workers if tl.broker_fault is not None else 0
     return evidence.Redelivery(
         redelivered=classes["redelivered"],

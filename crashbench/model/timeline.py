@@ -121,7 +121,8 @@ class Mark:
 @dataclass(frozen=True, slots=True)
 class FaultEvent:
     """A fault family's own event, for what its history holds beyond the fields below (a new family
-    needs no field of its own): the family's name, what happened, when, and its details (JSON values)."""
+    needs no field of its own): the family's name, what happened, when, and its details (JSON values).
+    A "slots" list in the details names the worker slots the event struck (evidence.tally counts it a fault)."""
 
     family: str
     what: str
