@@ -233,7 +233,8 @@ class CeleryQueue(LibraryDesign):
         ).start()
 
     def backlog(self) -> int:
-        return int(self.r.llen(self.key(self.queue)) + self.r.hlen(self.key("unacked")))
+        # One MULTI: a message restored from unacked to the queue between two reads would be in neither.
+        return sum(self.r.pipeline(transaction=True).llen(self.key(self.queue)).hlen(self.key("unacked")).execute())
 
     def state(self) -> QueueState:
         held = {json.loads(raw)["headers"]["id"]: "queue" for raw in self.r.lrange(self.key(self.queue), 0, -1)}

@@ -242,7 +242,9 @@ class DramatiqQueue(LibraryDesign):
         w.stop()
 
     def backlog(self) -> int:
-        return int(self.r.hlen(f"{self.ns}:{self.queue}.msgs") + self.r.hlen(f"{self.ns}:{self.queue}.DQ.msgs"))
+        # One MULTI: a message moving from the delay queue to the queue between two reads would be in neither.
+        pipe = self.r.pipeline(transaction=True).hlen(f"{self.ns}:{self.queue}.msgs")
+        return sum(pipe.hlen(f"{self.ns}:{self.queue}.DQ.msgs").execute())
 
     def _jobs(self, key: str) -> dict[str, str]:
         """message id -> job id, for a messages hash."""

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import redis
 from huey import RedisHuey, signals
 from huey.api import Huey
-from huey.storage import RedisStorage
+from huey.storage import RedisPriorityQueue, RedisStorage
 from huey.utils import normalize_time
 
 from crashbench.designs import DesignSettings, Job, LibraryDesign, Located, QueueState, sentinels
@@ -156,7 +156,13 @@ class HueyQueue(LibraryDesign):
         return {"concurrency": self.concurrency(), "ack": "none (RPOP)", "requeue_interrupted": requeue}
 
     def backlog(self) -> int:
-        return int(self.huey.pending_count() + self.huey.scheduled_count())
+        # One MULTI on huey's own keys: a task the scheduler moves into the queue between two reads
+        # (huey's pending_count, then scheduled_count) would be in neither.
+        # (PriorityRedisHuey's queue is a sorted set.)
+        storage = self.huey.storage
+        pipe = storage.conn.pipeline(transaction=True)
+        (pipe.zcard if isinstance(storage, RedisPriorityQueue) else pipe.llen)(storage.queue_key)
+        return sum(pipe.zcard(storage.schedule_key).execute())
 
     def _job(self, task: Any) -> str | None:
         """The job a huey task (or its Message) is: its first argument, with an [app] its id."""

@@ -227,11 +227,16 @@ class RQQueue(LibraryDesign):
         # The intermediate list counts: a worker killed between its BLMOVE and its horse's start leaves
         # the job there until a maintenance pass (a minute later at the earliest) fails it.
         # An id in the intermediate list that is also in rq:wip is one job, counted once (see the module).
-        started = StartedJobRegistry(queue=self.queue).key
-        scheduled = ScheduledJobRegistry(queue=self.queue).key
-        running = set(self._ids(started, "zset"))
-        intermediate = sum(1 for j in self._ids(self.queue.intermediate_queue_key, "list") if j not in running)
-        return int(self.raw.llen(self.queue.key) + intermediate + len(running) + self.raw.zcard(scheduled))
+        # One MULTI: read one key at a time, a job moving between two of them (the scheduler's retry into
+        # the queue, a worker's BLMOVE) could be in none as each was read, and the drain end too soon.
+        pipe = self.raw.pipeline(transaction=True)
+        pipe.zrange(StartedJobRegistry(queue=self.queue).key, 0, -1)
+        pipe.lrange(self.queue.intermediate_queue_key, 0, -1)
+        pipe.llen(self.queue.key).zcard(ScheduledJobRegistry(queue=self.queue).key)
+        started, moved, queued, scheduled = pipe.execute()
+        running = {self._job_id(x.decode()) for x in started}
+        intermediate = sum(1 for x in moved if self._job_id(x.decode()) not in running)
+        return int(queued + intermediate + len(running) + scheduled)
 
     def state(self) -> QueueState:
         # As locate reads it: an id whose job hash is gone is nothing RQ can run, a hash no list or
