@@ -223,8 +223,10 @@ def gone(pids: list[int], timeout: float = 5.0) -> list[int]:
 @needs_root
 @pytest.mark.slow
 def test_a_host_crash_kills_its_workers_at_once_and_naive_loses_what_they_ran(tmp_path: Path) -> None:
-    crash = {"kind": "host-crash", "host": 0, "at": 0.3, "downtime": 0.3}
-    run, tl = run_one(on_hosts(crash), "naive", tmp_path)
+    # 250 ms jobs: at the crash each worker is almost surely inside one, however loaded the machine (with
+    # 25 ms jobs a CI run's workers on the crashed host were between jobs, and nothing was interrupted).
+    crash = {"kind": "host-crash", "host": 0, "at": 0.4, "downtime": 0.3}
+    run, tl = run_one(on_hosts(crash, jobs=24, job_ms=250), "naive", tmp_path)
     (c,) = events(tl, "crash")
     (boot,) = events(tl, "boot")
     killed = set(c.data["workers"])
@@ -239,20 +241,26 @@ def test_a_host_crash_kills_its_workers_at_once_and_naive_loses_what_they_ran(tm
     assert events(tl, "ready") and events(tl, "ready")[0].t >= boot.t
     k = run.counts
     assert (k.host_crashes, k.host_crash_workers, k.host_crash_interrupted) == (1, 2, len(open_in))
-    assert k.host_crash_lost == len(open_in) == k.lost and k.host_crash_rerun == 0  # naive pops and forgets
+    assert k.host_crash_lost == len(open_in) and k.host_crash_rerun == 0  # naive pops and forgets
+    # Lost besides: what a killed worker had popped and not yet started (a CI run's second worker was
+    # there), one job at most per killed worker the ledger shows inside none; nothing else is lost.
+    started = {ex.job for ex in tl.executions}
+    popped = set(run.jobs["lost"]) - open_in
+    assert open_in <= set(run.jobs["lost"]) and not popped & started and len(popped) <= 2 - len(open_in)
+    assert k.lost == len(open_in) + len(popped)
 
 
 @needs_root
 @pytest.mark.slow
 def test_a_host_crash_under_reliable_runs_every_interrupted_job_again() -> None:
-    crash = {"kind": "host-crash", "host": 1, "at": 0.3, "downtime": 0.2}
-    run, tl = run_one(on_hosts(crash), "reliable")
+    crash = {"kind": "host-crash", "host": 1, "at": 0.4, "downtime": 0.2}
+    run, tl = run_one(on_hosts(crash, jobs=24, job_ms=250), "reliable")
     (c,) = events(tl, "crash")
     interrupted = set(c.data["jobs"])
     again = {ex.job for ex in tl.executions if ex.job in interrupted and ex.start > c.t}
     k = run.counts
     assert interrupted and again == interrupted and k.host_crash_rerun == len(interrupted)
-    assert k.host_crash_lost == k.lost == 0 and k.done == 160
+    assert k.host_crash_lost == k.lost == 0 and k.done == 24
 
 
 @needs_root
