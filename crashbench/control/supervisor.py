@@ -71,6 +71,7 @@ class WorkerProcess:
     exit_status: int | None = None  # waitpid status once reaped
     exited_at: float | None = None
     signalled: int | None = None  # the fault signal we sent, if any
+    control: Path | None = None  # a worker on a host over SSH: its stub's socket (crashbench.control.sshworker)
 
     @property
     def alive(self) -> bool:
@@ -99,6 +100,8 @@ class Supervisor:
     on. What must be done here before each worker starts (register its ledger file, ...) is
     `register(name, slot)`. `place(slot)`: the PID namespace the slot's worker starts in (a host's,
     crashbench.faults.hosts; forked from here, never the zygote), or None: this process's own.
+    `control(name, slot)`: for a slot on a host over SSH, the socket its stub (the local process that
+    mirrors the remote worker) takes signals on, or None: every signal goes to the process itself.
     """
 
     def __init__(
@@ -109,9 +112,11 @@ class Supervisor:
         tree: bool = False,
         register: Callable[[str, int], object] | None = None,
         place: Callable[[int], int | None] | None = None,
+        control: Callable[[str, int], Path | None] | None = None,
     ) -> None:
         self.prepare = prepare
         self.place = place
+        self.control = control
         self.register = register
         self.tree = tree
         self.log_dir = log_dir
@@ -147,7 +152,8 @@ class Supervisor:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         try:
             ns = self.place(slot) if self.place is not None else None
-            if ns is not None:  # a host's namespace: a fork of its own from here
+            control = self.control(name, slot) if self.control is not None else None
+            if ns is not None or control is not None:  # on a host: a fork of its own from here
                 pid = self._fork(log, self.prepare(name, slot), slot, ns)
             else:
                 pid = self.zygote.spawn(name, slot) if self.zygote is not None else 0
@@ -157,6 +163,7 @@ class Supervisor:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         worker = WorkerProcess(name, slot, pid, self.clock(), log)
+        worker.control = control
         self.watchdog.watch(pid)  # its session id: the worker calls setsid
         self.workers.append(worker)
         self.slots[slot] = worker
@@ -230,6 +237,9 @@ class Supervisor:
     def send(self, w: WorkerProcess, sig: int, whole_tree: bool = True) -> list[psutil.Process]:
         """Signal `w` (and, with `tree`, every process below it); returns the processes below that got it."""
         self._check_identity(w)
+        if w.control is not None:
+            self._remote(w, sig, whole_tree)
+            return []
         # List the tree before signalling: once the worker dies its children are re-parented and can
         # no longer be found from it.
         below = self._family(w)[1:] if self.tree and whole_tree else []
@@ -241,6 +251,22 @@ class Supervisor:
                 p.send_signal(sig)
         os.kill(w.pid, sig)
         return below
+
+    def _remote(self, w: WorkerProcess, sig: int, whole_tree: bool) -> None:
+        """A signal for a worker over SSH, through its stub; the stub itself when it does not answer (gone,
+        or stuck), which takes the remote worker down with the connection (it stops on its own)."""
+        from crashbench.control.sshworker import signal_remote
+
+        assert w.control is not None
+        if not signal_remote(w.control, sig, whole_tree and self.tree, lambda: self._running(w)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, signal.SIGKILL if sig in (signal.SIGKILL, signal.SIGTERM) else sig)
+
+    def _running(self, w: WorkerProcess) -> bool:
+        try:
+            return psutil.Process(w.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
     def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
         """Signal `pid` if it is a process below worker `w` (never `w` itself); the process, or None."""
@@ -294,7 +320,7 @@ class Supervisor:
         """SIGSTOP `pid` at once if it is `w` or a child of `w`: the process running a handler, stopped
         before `freeze` lists the tree, which takes milliseconds on a loaded machine, long enough for a
         short job to end. Any other pid (gone, or reused by then) is left alone."""
-        if not w.alive:
+        if not w.alive or w.control is not None:  # a remote worker's pids are its host's
             return
         if pid != w.pid:
             try:
@@ -310,6 +336,8 @@ class Supervisor:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its
         ledger can no longer move."""
         self.send(w, signal.SIGSTOP)
+        if w.control is not None:
+            return True  # its stub answered once the host's kernel reported it stopped
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # Listed again each time: a child forked after the first list, before the worker stopped

@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from crashbench.designs.handler import context
 from crashbench.errors import UsageError
 from crashbench.jobids import TOKEN_LEN, is_token
+from crashbench.model import hostclock
 from crashbench.model.queue import Job
 
 if TYPE_CHECKING:
@@ -176,19 +176,19 @@ def started(task_id: str, xid: int | None = None) -> None:
     """A library hook saw crashbench's job `task_id` start (its handler, the user's task, begins).
     `xid`: the ledger's execution context, where the hook's thread is not it (`Contexts`)."""
     if ours(task_id):
-        _ledger().start(task_id, time.monotonic(), xid)
+        _ledger().start(task_id, hostclock.now(), xid)
 
 
 def ended(task_id: str, xid: int | None = None) -> None:
     """... the task returned."""
     if ours(task_id):
-        _ledger().end(task_id, time.monotonic(), xid)
+        _ledger().end(task_id, hostclock.now(), xid)
 
 
 def failed(task_id: str, xid: int | None = None) -> None:
     """... the task raised (or the library gave up on it): a failed attempt, as the handler's."""
     if ours(task_id):
-        _ledger().fail(task_id, time.monotonic(), xid)
+        _ledger().fail(task_id, hostclock.now(), xid)
 
 
 class Contexts:

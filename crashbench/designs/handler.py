@@ -16,9 +16,9 @@ from __future__ import annotations
 import mmap
 import os
 import signal
-import time
 
 from crashbench.control import memlimit
+from crashbench.model import hostclock
 from crashbench.model.ledger import LedgerWriter
 from crashbench.model.workload import Workload, spend
 
@@ -73,11 +73,11 @@ def context() -> tuple[LedgerWriter, Workload]:
 
 def handle(job_id: str, attempt: int = 1) -> None:
     ledger, workload = context()
-    ledger.start(job_id, time.monotonic())
+    ledger.start(job_id, hostclock.now())
     spend(workload.duration_s(job_id), workload.job_work)
     if workload.crash_rate and workload.crashes(job_id):
         crash(workload.crash_how)
     if workload.fails(job_id, attempt):
-        ledger.fail(job_id, time.monotonic())
+        ledger.fail(job_id, hostclock.now())
         raise JobFailed(f"job {job_id} fails on attempt {attempt}, as the workload says")
-    ledger.end(job_id, time.monotonic())
+    ledger.end(job_id, hostclock.now())

@@ -19,12 +19,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 
-from crashbench.control import connect, memlimit, pidns, workdirs
+from crashbench.control import connect, memlimit, pidns, sshworker, workdirs
 from crashbench.control.interpreter import WORKER_MODULE, WorkerPython
 from crashbench.control.server import cleanup_keys
+from crashbench.control.sshworker import RemoteSlot
 from crashbench.control.supervisor import Supervisor
 from crashbench.designs import Design, LibraryDesign, check_app, load_design
 from crashbench.model.ledger import Ledger
@@ -49,6 +51,10 @@ def _no_ns(slot: int) -> int | None:
     return None
 
 
+def _here(slot: int) -> RemoteSlot | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Workers:
     """How the harness starts its workers, beyond the design, its settings and the workload."""
@@ -69,6 +75,9 @@ class Workers:
     # A slot's PID namespace (a host's, crashbench.faults.hosts), or None: the runner's own. Read at each
     # start: a host's replacement starts on it, in the namespace it has then (a rebooted host's new one).
     pidns: Callable[[int], int | None] = _no_ns
+    # A slot on a host over SSH (crashbench.faults.hosts.ssh): its worker runs there, and here runs its stub
+    # (crashbench.control.sshworker), which mirrors it; None: the slot's worker runs here.
+    remote: Callable[[int], RemoteSlot | None] = _here
 
 
 class Harness:
@@ -106,13 +115,19 @@ class Harness:
         self.ledger = Ledger(self.dir / "ledger")
         self.spec_file = self.dir / "worker.json"
         self.spec_file.write_text(self.wspec.to_json(spec))
+        self.spec = spec
         self.parent = os.getpid()
         if workload.crash_rate and workload.crash_how == "memory":
             memlimit.choice()  # which memory limit the workers use (a cgroup v1's probe): once, before any fork
         tree = workers.tree and self.cls.own_worker
         self.sup = Supervisor(
-            self._prepare, self.dir / "logs", clock, tree=tree, register=self._register, place=workers.pidns
-        )
+            self._prepare, self.dir / "logs", clock, tree=tree, register=self._register, place=workers.pidns,
+            control=self._control,
+        )  # fmt: skip
+
+    def _control(self, name: str, slot: int) -> Path | None:
+        """The socket the stub of a worker over SSH takes its signals on; None for a worker here."""
+        return self.dir / "logs" / f"{name}.sock" if self.workers.remote(slot) is not None else None
 
     def _own_python(self) -> WorkerPython | None:
         """For a design whose worker starts in a fresh interpreter (Design.worker_module, gevent's):
@@ -143,6 +158,9 @@ class Harness:
             out = self.dir / f"{name}.bare"
             return lambda: run_bare(wspec, name, out, parent, gate)
         path, spec_file, python = self.ledger.path_of(name), self.spec_file, self.python
+        if (remote := workers.remote(slot)) is not None:
+            spec, real, control = wspec.to_json(self.spec), wspec.redis_url, self.dir / "logs" / f"{name}.sock"
+            return lambda: sshworker.run(remote, name, spec, real, path, control)
         extra = {k: v.replace("{dir}", str(self.dir)) for k, v in workers.env(slot).items()}
         if extra:
             python = self.fresh

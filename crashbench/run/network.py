@@ -23,10 +23,13 @@ from crashbench.control.proxyctl import ProxyProcess, proxy_for
 from crashbench.errors import UsageError
 from crashbench.faults import PARTITION_TOXICS, Fault
 from crashbench.faults.hosts import layout as hosts_layout
+from crashbench.faults.hosts import ssh_settings
 
 if TYPE_CHECKING:
+    from crashbench.control.sshworker import RemoteSlot
     from crashbench.faults.broker import Broker
     from crashbench.faults.hosts.machine import Hosts
+    from crashbench.faults.hosts.ssh import SshHosts
     from crashbench.faults.netns import Partitions
     from crashbench.model.spec import Scenario
 
@@ -35,7 +38,7 @@ class RunNetwork:
     def __init__(self) -> None:
         self.proxy: ProxyProcess | None = None
         self.partitions: Partitions | None = None
-        self.hosts: Hosts | None = None
+        self.hosts: Hosts | SshHosts | None = None
         self.producer_url: str | None = None  # through the proxy, when a fault targets the producer
         self.proxied_workers = False
         self._url = ""
@@ -51,7 +54,9 @@ class RunNetwork:
         self._url = url
         faults = [f for f in planned if f.kind == "network"]
         try:
-            if layout := hosts_layout(sc):
+            if (layout := hosts_layout(sc)) and (over := ssh_settings(sc)) is not None:
+                self._ssh_hosts(layout, over, external, logs)
+            elif layout:
                 self._hosts(layout, external, logs)
             elif any(f.toxic["name"] in PARTITION_TOXICS for f in faults):
                 self._partition(sc.workload.workers, external)
@@ -85,6 +90,20 @@ class RunNetwork:
                 hint="leave out --redis-url",
             )
         self.hosts = Hosts(layout, self._url, logs)
+
+    def _ssh_hosts(self, layout: tuple[tuple[int, ...], ...], over: dict, external: bool, logs: Path) -> None:
+        from crashbench.control.ssh import SshTarget
+        from crashbench.faults.hosts.ssh import SshHosts
+
+        keys = {k: over[k] for k in ("identity", "known_hosts", "python") if k in over}
+        targets = [SshTarget.parse(t, **keys) for t in over["ssh"]]
+        self.hosts = SshHosts(layout, targets, self._url, over.get("server"), logs, bind=not external)
+
+    def remote(self, slot: int) -> RemoteSlot | None:
+        """Where the slot's worker runs when it is on a host over SSH; None: here."""
+        from crashbench.faults.hosts.ssh import SshHosts
+
+        return self.hosts.remote(slot) if isinstance(self.hosts, SshHosts) else None
 
     def pidns(self, slot: int) -> int | None:
         """The PID namespace of the slot's host, or None: the slot is on no host."""

@@ -118,6 +118,7 @@ class CrashRun:
         workers = Workers(
             url=lambda slot: self.net.worker_url(url, slot) or self.target.workers_url or None,
             enter=lambda slot: self.net.enter(slot), pidns=lambda slot: self.net.pidns(slot),
+            remote=lambda slot: self.net.remote(slot),
             python=worker_python, url_file=str(self.broker.url_file) if self.broker else None,
             url_file_of=self.broker.url_file_of if isinstance(self.broker, SentinelBroker) else _no_file,
             env=self._worker_env, fresh=any(self._worker_env(s) for s in range(self.sc.workload.workers)),

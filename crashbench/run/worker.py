@@ -33,6 +33,7 @@ from crashbench.control.connect import DOWN, refused
 from crashbench.control.interpreter import URL_ENV
 from crashbench.designs import Design, LibraryDesign, load_design
 from crashbench.designs.handler import crash
+from crashbench.model import hostclock
 from crashbench.model.ledger import LedgerWriter
 from crashbench.model.queue import DesignSettings, Job
 from crashbench.model.workload import Workload, spend
@@ -90,7 +91,7 @@ def run_handler(spec: WorkerSpec, design: Design, name: str, job: Job) -> bool:
     while every and remaining > every:
         spend(every, work)
         remaining -= every
-        design.heartbeat(name, job, time.monotonic())
+        design.heartbeat(name, job, hostclock.now())
     if remaining > 0:
         spend(remaining, work)
     if spec.workload.crash_rate and spec.workload.crashes(job.id):
@@ -115,13 +116,13 @@ def serve_library(spec: WorkerSpec, name: str, ledger_path: Path) -> int:
     assert isinstance(design, LibraryDesign)
     ledger = LedgerWriter(ledger_path)
     limit_memory(spec, name)
-    design.start_worker(name, time.monotonic())
+    design.start_worker(name, hostclock.now())
     said: list[bool] = []
 
     def ready() -> None:  # once, although a library may call its start-up hook in each thread
         if not said:
             said.append(True)
-            ledger.ready(time.monotonic())
+            ledger.ready(hostclock.now())
 
     design.serve(name, ready)
     ledger.close()
@@ -214,7 +215,7 @@ def run_worker(spec: WorkerSpec, name: str, ledger_path: Path, parent_pid: int, 
     if spec.design.own_worker:
         return serve_library(spec, name, ledger_path)
     stop = StopRequest()
-    clock = time.monotonic
+    clock = hostclock.now
     connect = Connector(spec, name)
     design = connect.design()
     ledger = LedgerWriter(ledger_path)

@@ -17,7 +17,21 @@ and the faults of a whole host, as Jepsen's nemeses make them on its nodes:
     kind = "host-partition"      # cut off from the server (iptables DROP, both ways) for `duration` s
 
 Root, `ip` and `iptables` only (crashbench.faults.netns.unavailable says what is missing); the server
-must be one crashbench starts (it is made to listen on the hosts' addresses). The driver is
+must be one crashbench starts (it is made to listen on the hosts' addresses).
+
+Or hosts over SSH (crashbench.faults.hosts.ssh), each slot's worker started there, the same faults made
+by commands over SSH (a host-partition needs root there, for iptables):
+
+    [[faults]]
+    kind = "hosts"
+    slots = [[0, 1], [2, 3]]
+    ssh = ["deploy@10.0.0.11", "deploy@10.0.0.12:2222"]    # one target per host
+    identity = "~/.ssh/crashbench"     # the private key file (default: the agent and ~/.ssh's keys)
+    known_hosts = "~/.ssh/known_hosts" # the hosts' keys are checked against it; "none": not checked
+    python = "/opt/app/venv/bin/python"  # the hosts' Python, with redis-py and the design's library
+    server = "10.0.0.10"               # the server's address as the hosts reach it
+
+The driver is
 crashbench.faults.hosts.inject; its events go into the timeline's fault events; its checker counts what
 the crashes cost from the final ledger: the jobs each crash interrupted, of which those that ran again
 and those lost."""
@@ -36,8 +50,10 @@ from crashbench.model.faults import HOST_KINDS, Fault, HostFault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline
 
+SSH_KEYS = ("ssh", "identity", "known_hosts", "python", "server")  # hosts over SSH (the layout's entry)
+
 KINDS = ("hosts", *HOST_KINDS)
-KEYS = ("kind", "slots", "host", "at", "duration", "downtime")
+KEYS = ("kind", "slots", "host", "at", "duration", "downtime", *SSH_KEYS)
 DOWNTIME = 0.5  # a crashed host's, by default
 DURATION = 1.0  # a pause's or a partition's, by default
 
@@ -48,6 +64,37 @@ def layout(sc: Scenario) -> tuple[tuple[int, ...], ...]:
         if isinstance(e, dict) and e.get("kind") == "hosts" and isinstance(e.get("slots"), list | tuple):
             return tuple(tuple(h) if isinstance(h, list | tuple) else () for h in e["slots"])
     return ()
+
+
+def ssh_settings(sc: Scenario) -> dict[str, Any] | None:
+    """The layout's SSH settings (its `ssh` list of targets and the keys beside it), or None: the hosts
+    are this machine's namespaces."""
+    for e in sc.faults.schedule:
+        if isinstance(e, dict) and e.get("kind") == "hosts" and e.get("ssh") is not None:
+            return {k: e[k] for k in SSH_KEYS if k in e}
+    return None
+
+
+def _ssh_problems(where: str, entry: Entry) -> list[str]:
+    from crashbench.control.ssh import SshTarget
+
+    targets, hosts = entry.get("ssh"), entry.get("slots")
+    if targets is None:
+        return [f"{where}: {k} is for hosts over SSH: give ssh = [...] too" for k in SSH_KEYS[1:] if k in entry]
+    if not isinstance(targets, list | tuple) or not all(isinstance(t, str) for t in targets):
+        return [f'{where}: ssh must be a list of targets, one per host ("user@host:port"), not {targets!r}']
+    p = []
+    if isinstance(hosts, list | tuple) and len(targets) != len(hosts):
+        p.append(f"{where}: ssh names {len(targets)} target(s) for {len(hosts)} host(s): one per host")
+    for t in targets:
+        try:
+            SshTarget.parse(t)
+        except ValueError as exc:
+            p.append(f"{where}: ssh: {exc}")
+    for k in SSH_KEYS[1:]:
+        if k in entry and (not isinstance(entry[k], str) or not entry[k].strip()):
+            p.append(f"{where}: {k} must be a non-empty string, not {entry[k]!r}")
+    return p
 
 
 def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fault]:
@@ -82,9 +129,9 @@ def _layout_problems(where: str, hosts: object, workers: int) -> list[str]:
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     kind, where = entry.get("kind"), f"[[faults]] {entry.get('kind')} entry {n}"
     if kind == "hosts":
-        p = [f"{where}: {k} is for a host fault, not the hosts' layout" for k in KEYS[2:] if k in entry]
-        return p + _layout_problems(where, entry.get("slots"), sc.workload.workers)
-    p = [f'{where}: slots is for kind = "hosts" (the layout), not {kind}'] if "slots" in entry else []
+        p = [f"{where}: {k} is for a host fault, not the hosts' layout" for k in KEYS[2:6] if k in entry]
+        return p + _layout_problems(where, entry.get("slots"), sc.workload.workers) + _ssh_problems(where, entry)
+    p = [f'{where}: {k} is for kind = "hosts" (the layout), not {kind}' for k in ("slots", *SSH_KEYS) if k in entry]
     own = "downtime" if kind == "host-crash" else "duration"
     other = "duration" if own == "downtime" else "downtime"
     if other in entry:

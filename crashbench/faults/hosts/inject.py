@@ -15,7 +15,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from crashbench.faults.hosts.machine import Hosts, freeze, thaw
 from crashbench.model.faults import Fault, HostFault
 from crashbench.model.timeline import FaultEvent, rel
 
@@ -29,7 +28,7 @@ class Doing:
     fault: HostFault
     started: float | None = None
     healed: float | None = None
-    frozen: list[int] = field(default_factory=list)
+    frozen: int = 0  # processes the pause stopped
     waiting: list[Any] = field(default_factory=list)  # WorkerProcess: a rebooted host's new workers
 
     @property
@@ -42,7 +41,7 @@ class HostFaults:
 
     def __init__(self, planned: list[Fault], run: Any) -> None:
         self.doing = [Doing(f) for f in planned if isinstance(f, HostFault)]
-        self.hosts: Hosts = run.net.hosts
+        self.hosts: Any = run.net.hosts  # Hosts, or SshHosts (crashbench.faults.hosts.ssh)
         self.sup, self.ledger, self.clock, self.t0 = run.sup, run.ledger, run.clock, run.t0
         self.events: list[FaultEvent] = []
 
@@ -72,8 +71,8 @@ class HostFaults:
             victims = [w for s in host.slots if (w := self.sup.slots.get(s)) is not None and w.alive]
             for w in victims:
                 w.signalled = signal.SIGKILL  # the fault's: the run neither counts nor respawns it
-            d.started = self.clock()
             host.crash()
+            d.started = self.clock()  # as the kill lands (over SSH: after the connection, within its round trip)
             jobs: list[str] = []
             for w in victims:
                 self.sup.wait_exit(w, 5.0)
@@ -83,13 +82,13 @@ class HostFaults:
                         workers=[w.name for w in victims], jobs=jobs)  # fmt: skip
         elif f.kind == "host-pause":
             d.started = self.clock()
-            d.frozen = freeze(host)
+            d.frozen = host.pause()
             frozen = rel(self.clock(), self.t0)  # every one of them stopped, as the kernel reports
             self._event("pause", d.started, index=f.index, host=f.host, slots=list(host.slots),
-                        processes=len(d.frozen), frozen_at=frozen)  # fmt: skip
+                        processes=d.frozen, frozen_at=frozen)  # fmt: skip
         else:
-            d.started = self.clock()
             host.cut()
+            d.started = self.clock()
             self._event("partition", d.started, index=f.index, host=f.host, slots=list(host.slots))
 
     def _heal(self, d: Doing) -> None:
@@ -101,7 +100,7 @@ class HostFaults:
             self._event("boot", d.healed, index=f.index, host=f.host, workers=[w.name for w in d.waiting])
         elif f.kind == "host-pause":
             d.healed = self.clock()  # before the SIGCONTs: nothing on it runs before this moment
-            thaw(d.frozen)
+            host.resume()
             self._event("resume", d.healed, index=f.index, host=f.host)
         else:
             host.heal()

@@ -4,10 +4,10 @@ its Partitions per host) and a PID namespace whose init crashbench starts (crash
 A host's workers are the runner's children, forked into its PID namespace (Supervisor's `place`) and
 moved into its network namespace before they connect (`enter`): the supervisor waits for them, the
 ledger files and the READY handshake are the same as on the machine itself. What a host is to the
-faults is the `Host` protocol: boot, crash, the processes to freeze, cut and heal. `NamespaceHost` is
-this machine's; a host over SSH would be another (its workers started by a remote shell, its crash a
-kill of every process it started there, or a VM's reset; its cut an iptables rule over the same
-channel), and the driver (crashbench.faults.hosts.inject) would not change.
+faults is the `Host` protocol: boot, crash, pause and resume, cut and heal. `NamespaceHost` is this
+machine's; `SshHost` (crashbench.faults.hosts.ssh) is a host over SSH (its workers started there, its
+crash a kill of every process crashbench started there, its cut an iptables rule over the same channel),
+and the driver (crashbench.faults.hosts.inject) is the same for both.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class Host(Protocol):
 
     def crash(self) -> None: ...  # every process on it dies at once
 
-    def processes(self) -> list[int]: ...  # every process on it, by its pid here (to freeze, to thaw)
+    def pause(self) -> int: ...  # every process on it stopped (the kernel says so); how many
+
+    def resume(self) -> None: ...
 
     def cut(self) -> None: ...  # from the server
 
@@ -63,6 +65,7 @@ class NamespaceHost:
         self.init: pidns.Init | None = None
         self.dead: list[pidns.Init] = []  # crashed, reaped once their workers are
         self.boots = 0
+        self.frozen: list[int] = []
 
     @property
     def up(self) -> bool:
@@ -87,6 +90,14 @@ class NamespaceHost:
 
     def processes(self) -> list[int]:
         return pidns.members(self.init) if self.init is not None else []
+
+    def pause(self) -> int:
+        self.frozen = freeze(self)
+        return len(self.frozen)
+
+    def resume(self) -> None:
+        thaw(self.frozen)
+        self.frozen = []
 
     def cut(self) -> None:
         self.net.apply(self.index, "drop")
@@ -157,7 +168,7 @@ class Hosts:
             raise netns.NetnsError(f"the init of host {', '.join(map(str, stuck))} did not end within 5 s")
 
 
-def freeze(host: Host, timeout: float = 1.0) -> list[int]:
+def freeze(host: NamespaceHost, timeout: float = 1.0) -> list[int]:
     """SIGSTOP every process on the host and wait until the kernel reports each stopped; listed again until
     no new one appears (one forked meanwhile: a stopped process forks no more). Returns them all."""
     stopped: list[int] = []
