@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: hosts clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost proxy-cost clean
+.PHONY: hosts ssh-restart clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost proxy-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -247,6 +247,9 @@ hosts: $(STAMP) system-deps  ## docs/how-to/hosts.md's table (a host crash, per 
 	$(BIN)/crashbench compare -s host-crash --designs rq:reliable,celery:acks-late,dramatiq:reliable,huey,taskiq:reliable \
 	  --plain --out results/readme/hosts
 	$(BIN)/python lab/hosts_table.py results/readme/hosts
+
+ssh-restart: $(STAMP) system-deps  ## docs/how-to/hosts.md's SSH restart table (workers here, on namespace hosts, over SSH; root)
+	$(BIN)/python lab/ssh_restart.py results/readme/ssh/restart.json --repeat 3
 
 # docs/findings/library-reports.md's table: each user report of issue 29 (celery#1628, kombu#337, rq#1280, ...)
 # run on its scenario with the libraries it names, small job counts and short windows (about 20 minutes);
