@@ -49,7 +49,7 @@ ALLOWED_EXITS = {
     ): "the app probe's process (under --worker-python): crashbench reads its answer",
 }
 # Modules that run as worker processes (crashbench reads how a worker ended; it is not crashbench's exit).
-WORKER_MODULES = {"run/worker.py", "run/gevent_worker.py", "designs/handler.py"}
+WORKER_MODULES = {"run/worker.py", "run/gevent_worker.py", "designs/handler.py", "run/remote.py"}
 
 
 def exits_in(path: Path) -> list[tuple[str, str, str]]:

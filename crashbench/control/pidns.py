@@ -77,6 +77,7 @@ class Init:
     @classmethod
     def start(cls, log: Path) -> Init:
         own = _own()
+        said, say = os.pipe()  # the init's word that it dies with this process (its PR_SET_PDEATHSIG is on)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # as for a worker: no handler of ours in the child
         pid = -1
         try:
@@ -89,11 +90,18 @@ class Init:
                 if pid != 0:
                     _call("setns", own, CLONE_NEWPID)  # this process's next children: its own namespace
             if pid == 0:
-                _become_init(log)
+                _become_init(log, say)
+        except BaseException:
+            os.close(said)
+            raise
         finally:
             if pid != 0:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
             os.close(own)
+            os.close(say)
+        # Until it says so, this process dying would leave it running: wait (a read of EOF: it died).
+        os.read(said, 1)
+        os.close(said)
         # Our child, not reaped: its pid names it, and its namespace is open before anything can reap it.
         ns = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         return cls(pid, ns, os.fstat(ns).st_ino)
@@ -126,11 +134,13 @@ class Init:
         return True
 
 
-def _become_init(log: Path) -> None:
-    """In the forked init (PID 1 of its namespace): never return into the caller."""
+def _become_init(log: Path, say: int) -> None:
+    """In the forked init (PID 1 of its namespace): never return into the caller. `say`: where it tells
+    its parent that it will die with it."""
     try:
         os.setsid()
         die_with_parent()
+        os.write(say, b"1")
         close_lifelines()
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)

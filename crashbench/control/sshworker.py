@@ -64,6 +64,7 @@ class Stub:
 
         from crashbench.control.ssh import connect
 
+        self.known = asyncio.Event()  # the remote worker's pid is known (or it never started)
         conn = await connect(self.slot.target)
         try:
             async with conn.start_sftp_client() as sftp:
@@ -75,6 +76,7 @@ class Stub:
                 try:
                     return await self._run()
                 finally:
+                    self.known.set()
                     server.close()
                     await self._sync()
                     with contextlib.suppress(Exception):
@@ -97,8 +99,10 @@ class Stub:
         first = await proc.stdout.readline()
         if first.strip().isdigit():
             self.pid = int(first)
+            self.known.set()
             await self._probe(proc)
         else:
+            self.known.set()
             proc.stdin.write_eof()
         closed = asyncio.create_task(proc.wait_closed())
         while not closed.done():
@@ -153,6 +157,7 @@ class Stub:
         line = (await reader.readline()).split()
         try:
             signum, whole = int(line[0]), line[1] == b"1"
+            await self.known.wait()  # a signal sent as the worker starts is for it, once it is there
             if self.pid:
                 who = f"-- -{self.pid}" if whole else str(self.pid)
                 await self.conn.run(f"kill -s {signal.Signals(signum).name[3:]} {who}", check=False)
