@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from crashbench import scenario
 from crashbench.control import pidns
 from crashbench.control.stopflag import StopFlag
 from crashbench.errors import Interrupted, UsageError
@@ -30,6 +31,7 @@ from crashbench.report import html
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, parse
 from tests.conftest import assert_recounts
+from tests.expectations import assert_each_can_fail, failing
 
 REASON = machine.unavailable()
 needs_root = pytest.mark.skipif(REASON is not None, reason=f"hosts: {REASON}")
@@ -292,6 +294,26 @@ def test_a_partitioned_host_reconnects_after_the_heal_and_leaves_no_rule() -> No
     assert ended  # its workers worked again after the heal
     assert heal.t >= p.t + 0.6 and run.counts.host_partitions == 1
     assert run.counts.lost == 0 and run.counts.done == 160
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["host-crash", "host-pause", "host-partition"])
+def test_a_shipped_host_scenario_meets_its_own_exact_expectations_and_each_can_fail(name: str, tmp_path: Path) -> None:
+    """Run as shipped (what `make scenarios` does, where namespaces can be made): every [expect.*] of the
+    scenario met by every design it lists, each expectation failed by its figure moved past its bound,
+    every count recounted from the saved timeline, nothing left behind."""
+    sc = scenario.load(name)
+    result = run_designs(sc, list(sc.run.designs), Options(), kind="check")
+    unmet = [
+        f"{t.design}: {t.threshold} (got {t.actual}, expected {t.expected})" for t in result.thresholds if not t.met
+    ]
+    assert unmet == [] and result.problems == [] and result.status == "pass", unmet
+    assert [r.design for r in result.runs] == list(sc.run.designs) and all(d in sc.expect for d in sc.run.designs)
+    assert failing(sc, result.runs) == []
+    assert_each_can_fail(sc, result.runs)
+    assert_recounts(result, tmp_path)
+    assert leftovers() == []
 
 
 def test_the_host_crash_table_is_what_its_result_files_give() -> None:
