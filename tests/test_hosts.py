@@ -8,6 +8,7 @@ the message without root need none of it."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -395,3 +396,24 @@ def test_a_worker_cannot_start_on_a_host_that_is_down(valkey_url: str, tmp_path:
     finally:
         hosts_.close()
     assert leftovers() == []
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_a_child_kill_on_a_host_hits_the_work_horse_by_its_pid_on_the_host_and_the_worker_lives_on() -> None:
+    """RQ runs each job in a forked work horse. A worker on a host records the horse's pid in its PID
+    namespace (a small one); the harness finds the horse by it (pidns.own_pid) among the worker's
+    children, whose pids here are others, and kills the horse alone: RQ's worker lives on and moves the
+    job to its failed registry. Comparing the ledger's pid with the pids here found no horse, and the
+    kill took the whole worker (target "worker", a replacement spawned)."""
+    sc = on_hosts(jobs=200, job_ms=20, drain_timeout=10).replace(kills=3, interval=0.15, kill_target="child")
+    run, tl = run_one(sc, "rq")
+    assert [(k.target, k.mid_job, k.replacement) for k in run.kills] == [("child", True, None)] * 3
+    assert len(tl.spawns) == 4  # no worker died: none was replaced
+    for k in run.kills:
+        (ex,) = [ex for ex in tl.executions if ex.job == k.job and ex.worker == k.worker]
+        assert k.child == ex.pid and ex.end is None  # the horse the ledger names, killed inside the job
+    c = run.counts
+    assert c.failed == 3 and set(run.jobs["failed"]) == {k.job for k in run.kills}
+    assert (c.lost, c.stranded, c.duplicated) == (0, 0, 0) and c.done == c.enqueued - 3

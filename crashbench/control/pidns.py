@@ -11,6 +11,8 @@ supervisor waits for it, signals it and knows it as any worker: crashbench.contr
                         once, a host's crash. The namespace is dead then: nothing can be forked into it.
                         The init is reapable (Init.reap) once the workers forked into it are reaped.
     members(init)       the pids (in this process's namespace) of every process in the init's namespace.
+    own_pid(pid)        a process's pid as it sees it (os.getpid() in it, what it writes in its ledger).
+    outer(root, pid)    `root` or a child of it by that own pid: the pid to signal it by from here.
 
 Inside the namespace a worker's parent (this process) is outside: os.getppid() answers 0 there while this
 process lives, and 1 (the init) once it is gone. Linux only; root (CAP_SYS_ADMIN) for unshare and setns.
@@ -176,3 +178,41 @@ def members(init: Init) -> list[int]:
             except OSError:
                 continue  # gone meanwhile
     return out
+
+
+def own_pid(pid: int) -> int | None:
+    """The pid of process `pid` (by its pid here) in the innermost PID namespace it is in: what os.getpid()
+    answers in it, and what a worker writes in its ledger. The last field of /proc/<pid>/status's NSpid
+    line (one field per namespace, this one's first). None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid  # a kernel without NSpid (before 4.1) has no namespaces to see through
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process `pid`, of every one of its threads (/proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def outer(root: int, pid: int) -> int | None:
+    """`root` or a direct child of it whose own pid (own_pid) is `pid`, by its pid here; None if none is.
+    A worker in a host's PID namespace records the pids of that namespace: a pid read from its ledger
+    names a process here only through this. Outside any namespace of ours own_pid(p) is p: the same test
+    as "pid is root or a child of root"."""
+    for p in (root, *children(root)):
+        if own_pid(p) == pid:
+            return p
+    return None
