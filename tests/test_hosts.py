@@ -180,8 +180,17 @@ def test_killing_a_namespaces_init_kills_everything_in_it_and_nothing_forks_into
 
 
 @needs_root
-def test_a_sigkilled_runner_leaves_no_host_behind(tmp_path: Path) -> None:
-    """The init dies with its parent (PR_SET_PDEATHSIG), and everything on the host with it."""
+def test_a_sigkilled_runner_leaves_no_host_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The init dies with its parent (PR_SET_PDEATHSIG), and everything on the host with it. The init is
+    made slow to ask for that (0.3 s): Init.start waits until it has, so the runner cannot be killed in
+    between (a CI run's was, under load, and its init lived on)."""
+    real = pidns.die_with_parent
+
+    def slow() -> None:
+        time.sleep(0.3)
+        real()
+
+    monkeypatch.setattr(pidns, "die_with_parent", slow)
     r, w = os.pipe()
     runner = os.fork()
     if runner == 0:

@@ -80,6 +80,7 @@ class Init:
     def start(cls, log: Path) -> Init:
         own = _own()
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # as for a worker: no handler of ours in the child
+        armed, arming = os.pipe2(os.O_CLOEXEC)  # the init says when it will die with this process
         pid = -1
         try:
             _call("unshare", CLONE_NEWPID)
@@ -91,11 +92,18 @@ class Init:
                 if pid != 0:
                     _call("setns", own, CLONE_NEWPID)  # this process's next children: its own namespace
             if pid == 0:
-                _become_init(log)
+                _become_init(log, arming)
+            os.close(arming)
+            arming = -1
+            # Not before its PR_SET_PDEATHSIG is set: a SIGKILL of this process in between left the init
+            # (and all it would hold) running for good. An end at once if it died first.
+            os.read(armed, 1)
         finally:
             if pid != 0:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-            os.close(own)
+                for fd in (armed, arming, own):
+                    if fd >= 0:
+                        os.close(fd)
         # Our child, not reaped: its pid names it, and its namespace is open before anything can reap it.
         ns = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         return cls(pid, ns, os.fstat(ns).st_ino)
@@ -128,11 +136,13 @@ class Init:
         return True
 
 
-def _become_init(log: Path) -> None:
-    """In the forked init (PID 1 of its namespace): never return into the caller."""
+def _become_init(log: Path, armed: int) -> None:
+    """In the forked init (PID 1 of its namespace): never return into the caller. One byte on `armed`
+    once it dies with its parent."""
     try:
         os.setsid()
         die_with_parent()
+        os.write(armed, b"1")
         close_lifelines()
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
