@@ -529,3 +529,19 @@ def test_a_child_kill_on_a_host_hits_the_work_horse_by_its_pid_on_the_host_and_t
     c = run.counts
     assert c.failed == 3 and set(run.jobs["failed"]) == {k.job for k in run.kills}
     assert (c.lost, c.stranded, c.duplicated) == (0, 0, 0) and c.done == c.enqueued - 3
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_a_crash_job_whose_work_horse_died_on_a_host_does_not_keep_its_worker_busy() -> None:
+    """Crash jobs (workload.crash_rate) kill RQ's work horse, and the worker, alive, moves on. The drain
+    asks whether a live worker is inside a handler, a dead horse's open execution aside: on a host the
+    ledger names the horse by its pid in the host's namespace, which looked up here was some other
+    process, alive, so the worker looked busy for good and the run ended undrained, at its window."""
+    sc = on_hosts(jobs=60, job_ms=20, drain_timeout=3).replace(crash_rate=0.05)
+    run, tl = run_one(sc, "rq")
+    c = run.counts
+    crashed = {ex.job for ex in tl.executions if ex.end is None}
+    assert c.crash_jobs == len(crashed) > 0 and set(run.jobs["failed"]) == crashed  # RQ fails each, once
+    assert c.undrained == 0 and c.done == 60 - c.crash_jobs and c.worker_crashes == 0
