@@ -8,16 +8,20 @@ the message without root need none of it."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
 
+from crashbench import scenario
 from crashbench.control import pidns
 from crashbench.control.stopflag import StopFlag
 from crashbench.errors import Interrupted, UsageError
@@ -30,10 +34,12 @@ from crashbench.report import html
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, parse
 from tests.conftest import assert_recounts
+from tests.expectations import assert_each_can_fail, failing
 
 REASON = machine.unavailable()
 needs_root = pytest.mark.skipif(REASON is not None, reason=f"hosts: {REASON}")
 LAYOUT = {"kind": "hosts", "slots": [[0, 1], [2, 3]]}
+NS_EXEC = ["ip", "netns", "exec"]
 
 
 def on_hosts(*entries: dict[str, Any], **workload: Any) -> Scenario:
@@ -112,6 +118,16 @@ def test_every_problem_of_a_host_fault_is_named() -> None:
     assert "host-pause entry 2: downtime is not for host-pause: its length is its duration" in pause
     assert "host-pause entry 2: duration must be a number of seconds from 0, not -2" in pause
     assert "host-partition entry 2: host is missing" in problems(LAYOUT, {"kind": "host-partition"})
+    assert "host-crash entry 2: from is for host-partition (what it is cut off from), not host-crash" in one(
+        **{"from": "hosts"}
+    )
+    three = {"kind": "hosts", "slots": [[0], [1], [2, 3]]}
+    for bad in ("moon", [], [0], [1, 1], [3], [True], [1.0], 1):
+        said = problems(three, {"kind": "host-partition", "host": 0, "from": bad})
+        line = f'entry 2: from must be "server", "hosts" or a list of other hosts (1, 2), each once, not {bad!r}'
+        assert [x for x in said.splitlines() if "from" in x and line in x] and said.count("from") == 1, (bad, said)
+    alone = problems({"kind": "hosts", "slots": [[0, 1, 2, 3]]}, {"kind": "host-partition", "host": 0, "from": "hosts"})
+    assert 'from = "hosts" needs another host to cut host 0 off from: the layout has one' in alone
     alone = problems({"kind": "host-crash", "host": 0})
     assert 'host-crash entry 1: no hosts to hit: declare them in a [[faults]] entry of kind = "hosts"' in alone
     net = problems(LAYOUT, {"kind": "network", "toxic": "drop", "at": 1, "duration": 1})
@@ -129,6 +145,11 @@ def test_a_host_fault_is_planned_as_written() -> None:
     assert (crash.kind, crash.host, crash.at, crash.duration) == ("host-crash", 1, 0.4, 0.2)
     assert (pause.kind, pause.host, pause.at, pause.duration) == ("host-pause", 0, 0.1, hosts.DURATION)
     assert hosts.layout(sc) == ((0, 1), (2, 3))
+    assert pause.apart == crash.apart == ()
+    three = {"kind": "hosts", "slots": [[0], [1], [2, 3]]}
+    cuts = [{"kind": "host-partition", "host": 1, "from": given} for given in ("server", "hosts", [2])]
+    planned = faults.plan(on_hosts(*cuts).replace(schedule=(three, *cuts)))
+    assert [f.apart for f in planned] == [(), (0, 2), (2,)]
 
 
 def test_without_root_a_run_with_hosts_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,8 +198,17 @@ def test_killing_a_namespaces_init_kills_everything_in_it_and_nothing_forks_into
 
 
 @needs_root
-def test_a_sigkilled_runner_leaves_no_host_behind(tmp_path: Path) -> None:
-    """The init dies with its parent (PR_SET_PDEATHSIG), and everything on the host with it."""
+def test_a_sigkilled_runner_leaves_no_host_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The init dies with its parent (PR_SET_PDEATHSIG), and everything on the host with it. The init is
+    made slow to ask for that (0.3 s): Init.start waits until it has, so the runner cannot be killed in
+    between (a CI run's was, under load, and its init lived on)."""
+    real = pidns.die_with_parent
+
+    def slow() -> None:
+        time.sleep(0.3)
+        real()
+
+    monkeypatch.setattr(pidns, "die_with_parent", slow)
     r, w = os.pipe()
     runner = os.fork()
     if runner == 0:
@@ -294,10 +324,115 @@ def test_a_partitioned_host_reconnects_after_the_heal_and_leaves_no_rule() -> No
     assert run.counts.lost == 0 and run.counts.done == 160
 
 
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["host-crash", "host-pause", "host-partition"])
+def test_a_shipped_host_scenario_meets_its_own_exact_expectations_and_each_can_fail(name: str, tmp_path: Path) -> None:
+    """Run as shipped (what `make scenarios` does, where namespaces can be made): every [expect.*] of the
+    scenario met by every design it lists, each expectation failed by its figure moved past its bound,
+    every count recounted from the saved timeline, nothing left behind."""
+    sc = scenario.load(name)
+    result = run_designs(sc, list(sc.run.designs), Options(), kind="check")
+    unmet = [
+        f"{t.design}: {t.threshold} (got {t.actual}, expected {t.expected})" for t in result.thresholds if not t.met
+    ]
+    assert unmet == [] and result.problems == [] and result.status == "pass", unmet
+    assert [r.design for r in result.runs] == list(sc.run.designs) and all(d in sc.expect for d in sc.run.designs)
+    assert failing(sc, result.runs) == []
+    assert_each_can_fail(sc, result.runs)
+    assert_recounts(result, tmp_path)
+    assert leftovers() == []
+
+
+# A listener in a namespace (on its address, any port: the port printed), and a connect from one that
+# says how it went: "ok", "timeout" (its SYNs dropped) or the error.
+LISTEN = """import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+while True:
+    s.accept()[0].close()
+"""
+CONNECT = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("ok")
+except TimeoutError:
+    print("timeout")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def connect(ns: str, address: str, port: int, timeout: float) -> str:
+    said = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", CONNECT, address, str(port), str(timeout)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return said.stdout.strip() or said.stderr.strip()
+
+
+@needs_root
+def test_a_partition_between_hosts_drops_their_packets_both_ways_and_each_still_reaches_the_server(
+    valkey_url: str, tmp_path: Path
+) -> None:
+    """Three hosts routed through the machine; host 0 cut off from host 1 (`from = [1]`): a TCP connect
+    either way between them gets no answer, and after the heal it does; host 2 still reaches host 0, and
+    every host the server. A cut of host 1 from the server, healed meanwhile, leaves theirs in place."""
+    hosts_ = machine.Hosts([[0], [1], [2]], valkey_url, tmp_path)
+    net, server_port = hosts_.net, int(urlsplit(valkey_url).port or 0)
+    command = [sys.executable, "-c", LISTEN]
+    listen = [[*NS_EXEC, net.namespace(h), *command, net.worker_address(h)] for h in range(3)]
+    listeners = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for args in listen]
+    try:
+        ports = [int(p.stdout.readline()) for p in listeners if p.stdout is not None]
+
+        def reach(a: int, b: int, timeout: float = 10.0) -> str:  # a success comes at once: no wait
+            return connect(net.namespace(a), net.worker_address(b), ports[b], timeout)
+
+        def server(a: int) -> str:
+            return connect(net.namespace(a), net.host_address(a), server_port, 10.0)
+
+        assert [reach(0, 1), reach(1, 0), reach(2, 0), reach(0, 2)] == ["ok"] * 4  # through the machine
+        hosts_.hosts[0].cut([1])
+        assert [reach(0, 1, 1.0), reach(1, 0, 1.0)] == ["timeout", "timeout"]  # dropped, both ways
+        assert [reach(2, 0), reach(0, 2), reach(1, 2), server(0), server(1), server(2)] == ["ok"] * 6
+        hosts_.hosts[1].cut()  # from the server, then healed: host 0's cut from it stays
+        assert connect(net.namespace(1), net.host_address(1), server_port, 1.0) == "timeout"
+        hosts_.hosts[1].heal()
+        assert [server(1), reach(1, 0, 1.0)] == ["ok", "timeout"]
+        hosts_.hosts[0].heal()
+        assert [reach(0, 1), reach(1, 0)] == ["ok", "ok"]
+        inside = [subprocess.run([*NS_EXEC, net.namespace(h), "iptables", "-S", "INPUT"], capture_output=True,
+                                 text=True).stdout.split() for h in range(3)]  # fmt: skip
+        assert inside == [["-P", "INPUT", "ACCEPT"]] * 3  # every rule of the cuts deleted
+    finally:
+        for p in listeners:
+            p.kill()
+            p.wait()
+        hosts_.close()
+    assert leftovers() == []
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_partition_between_hosts_costs_reliable_nothing() -> None:
+    """Workers talk to the server alone: host 0 cut off from host 1 for 0.6 s, its workers go on taking
+    and finishing jobs meanwhile, and nothing is lost, given back or run twice."""
+    cut = {"kind": "host-partition", "host": 0, "at": 0.3, "duration": 0.6, "from": "hosts"}
+    run, tl = run_one(on_hosts(cut), "reliable")
+    (p,) = events(tl, "partition")
+    (heal,) = events(tl, "heal")
+    assert p.data["apart"] == [1] and heal.t >= p.t + 0.6
+    slot_of = tl.slot_of()
+    during = [ex for ex in tl.executions if slot_of[ex.worker] in (0, 1) and p.t < ex.start and ex.end is not None
+              and ex.end < heal.t]  # fmt: skip
+    assert during  # host 0 still reached the server
+    k = run.counts
+    assert k.host_partitions == 1 and (k.lost, k.redelivered, k.duplicated) == (0, 0, 0) and k.done == 160
+
+
 def test_the_host_crash_table_is_what_its_result_files_give() -> None:
     """docs/how-to/hosts.md's table is lab/hosts_table.py's on results/readme/hosts (make hosts)."""
-    import sys
-
     root = Path(__file__).resolve().parent.parent
     table = subprocess.run(
         [sys.executable, str(root / "lab" / "hosts_table.py"), str(root / "results" / "readme" / "hosts")],
@@ -320,8 +455,8 @@ def test_a_run_interrupted_while_a_host_is_down_paused_or_cut_off_leaves_nothing
     for name in ("crash", "cut", "pause"):
         real = getattr(machine.NamespaceHost, name)
 
-        def hit(self: machine.NamespaceHost, real: Any = real) -> Any:
-            out = real(self)
+        def hit(self: machine.NamespaceHost, *args: Any, real: Any = real) -> Any:
+            out = real(self, *args)
             made.append(self.index)
             stop.raised = True
             return out
@@ -366,3 +501,40 @@ def test_a_worker_cannot_start_on_a_host_that_is_down(valkey_url: str, tmp_path:
     finally:
         hosts_.close()
     assert leftovers() == []
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_a_child_kill_on_a_host_hits_the_work_horse_by_its_pid_on_the_host_and_the_worker_lives_on() -> None:
+    """RQ runs each job in a forked work horse. A worker on a host records the horse's pid in its PID
+    namespace (a small one); the harness finds the horse by it (pidns.own_pid) among the worker's
+    children, whose pids here are others, and kills the horse alone: RQ's worker lives on and moves the
+    job to its failed registry. Comparing the ledger's pid with the pids here found no horse, and the
+    kill took the whole worker (target "worker", a replacement spawned)."""
+    sc = on_hosts(jobs=200, job_ms=20, drain_timeout=10).replace(kills=3, interval=0.15, kill_target="child")
+    run, tl = run_one(sc, "rq")
+    assert [(k.target, k.mid_job, k.replacement) for k in run.kills] == [("child", True, None)] * 3
+    assert len(tl.spawns) == 4  # no worker died: none was replaced
+    for k in run.kills:
+        (ex,) = [ex for ex in tl.executions if ex.job == k.job and ex.worker == k.worker]
+        assert k.child == ex.pid and ex.end is None  # the horse the ledger names, killed inside the job
+    c = run.counts
+    assert c.failed == 3 and set(run.jobs["failed"]) == {k.job for k in run.kills}
+    assert (c.lost, c.stranded, c.duplicated) == (0, 0, 0) and c.done == c.enqueued - 3
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("rq") is None, reason="rq is not installed")
+def test_a_crash_job_whose_work_horse_died_on_a_host_does_not_keep_its_worker_busy() -> None:
+    """Crash jobs (workload.crash_rate) kill RQ's work horse, and the worker, alive, moves on. The drain
+    asks whether a live worker is inside a handler, a dead horse's open execution aside: on a host the
+    ledger names the horse by its pid in the host's namespace, which looked up here was some other
+    process, alive, so the worker looked busy for good and the run ended undrained, at its window."""
+    sc = on_hosts(jobs=60, job_ms=20, drain_timeout=3).replace(crash_rate=0.05)
+    run, tl = run_one(sc, "rq")
+    c = run.counts
+    crashed = {ex.job for ex in tl.executions if ex.end is None}
+    assert c.crash_jobs == len(crashed) > 0 and set(run.jobs["failed"]) == crashed  # RQ fails each, once
+    assert c.undrained == 0 and c.done == 60 - c.crash_jobs and c.worker_crashes == 0

@@ -199,8 +199,8 @@ def test_a_run_interrupted_during_a_host_fault_over_ssh_leaves_nothing_on_the_ho
     for name in ("crash", "cut", "pause"):
         real = getattr(SshHost, name)
 
-        def hit(self: SshHost, real: Any = real) -> Any:
-            out = real(self)
+        def hit(self: SshHost, *args: Any, real: Any = real) -> Any:
+            out = real(self, *args)
             made.append(self.index)
             stop.raised = True
             return out
@@ -228,3 +228,27 @@ def test_what_a_run_would_leave_on_a_host_is_seen(rig: sshrig.Rig) -> None:
         (rig.tmp(0) / "crashbench-left").rmdir()
         subprocess.run([*ns, "-D", *rule], check=True)
     assert rig.leftovers() == []
+
+
+@needs_hosts
+@pytest.mark.slow
+def test_a_cut_between_hosts_over_ssh_drops_the_other_host_s_address_there_and_heals(
+    rig: sshrig.Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """from = "hosts": the host's own iptables drops everything to and from the other host's address (read
+    from its namespace while the cut is on), and the heal takes the rules out again."""
+    seen: list[str] = []
+    real = SshHost.cut
+
+    def cut(self: SshHost, *args: Any) -> None:
+        real(self, *args)
+        rules = subprocess.run(["ip", "netns", "exec", rig.net.namespace(self.index), "iptables", "-S"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        seen.extend(r for r in rules.splitlines() if "crashbench" in r)
+
+    monkeypatch.setattr(SshHost, "cut", cut)
+    apart = {"kind": "host-partition", "host": 0, "at": 0.5, "duration": 0.5, "from": "hosts"}
+    run, tl = run_one(rig, on(rig, apart, jobs=40, job_ms=50), "reliable")
+    other = rig.net.worker_address(1)
+    assert sorted(r.split(" -m ")[0] for r in seen) == [f"-A INPUT -s {other}/32", f"-A OUTPUT -d {other}/32"]
+    assert run.counts.lost == 0 and run.counts.done == 40 and events(tl, "partition")[0].data["apart"] == [1]

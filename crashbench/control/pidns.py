@@ -11,6 +11,8 @@ supervisor waits for it, signals it and knows it as any worker: crashbench.contr
                         once, a host's crash. The namespace is dead then: nothing can be forked into it.
                         The init is reapable (Init.reap) once the workers forked into it are reaped.
     members(init)       the pids (in this process's namespace) of every process in the init's namespace.
+    own_pid(pid)        a process's pid as it sees it (os.getpid() in it, what it writes in its ledger).
+    outer(root, pid)    `root` or a child of it by that own pid: the pid to signal it by from here.
 
 Inside the namespace a worker's parent (this process) is outside: os.getppid() answers 0 there while this
 process lives, and 1 (the init) once it is gone. Linux only; root (CAP_SYS_ADMIN) for unshare and setns.
@@ -77,8 +79,8 @@ class Init:
     @classmethod
     def start(cls, log: Path) -> Init:
         own = _own()
-        said, say = os.pipe()  # the init's word that it dies with this process (its PR_SET_PDEATHSIG is on)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # as for a worker: no handler of ours in the child
+        armed, arming = os.pipe2(os.O_CLOEXEC)  # the init says when it will die with this process
         pid = -1
         try:
             _call("unshare", CLONE_NEWPID)
@@ -90,18 +92,18 @@ class Init:
                 if pid != 0:
                     _call("setns", own, CLONE_NEWPID)  # this process's next children: its own namespace
             if pid == 0:
-                _become_init(log, say)
-        except BaseException:
-            os.close(said)
-            raise
+                _become_init(log, arming)
+            os.close(arming)
+            arming = -1
+            # Not before its PR_SET_PDEATHSIG is set: a SIGKILL of this process in between left the init
+            # (and all it would hold) running for good. An end at once if it died first.
+            os.read(armed, 1)
         finally:
             if pid != 0:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-            os.close(own)
-            os.close(say)
-        # Until it says so, this process dying would leave it running: wait (a read of EOF: it died).
-        os.read(said, 1)
-        os.close(said)
+                for fd in (armed, arming, own):
+                    if fd >= 0:
+                        os.close(fd)
         # Our child, not reaped: its pid names it, and its namespace is open before anything can reap it.
         ns = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         return cls(pid, ns, os.fstat(ns).st_ino)
@@ -134,13 +136,13 @@ class Init:
         return True
 
 
-def _become_init(log: Path, say: int) -> None:
-    """In the forked init (PID 1 of its namespace): never return into the caller. `say`: where it tells
-    its parent that it will die with it."""
+def _become_init(log: Path, armed: int) -> None:
+    """In the forked init (PID 1 of its namespace): never return into the caller. One byte on `armed`
+    once it dies with its parent."""
     try:
         os.setsid()
         die_with_parent()
-        os.write(say, b"1")
+        os.write(armed, b"1")
         close_lifelines()
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -186,3 +188,41 @@ def members(init: Init) -> list[int]:
             except OSError:
                 continue  # gone meanwhile
     return out
+
+
+def own_pid(pid: int) -> int | None:
+    """The pid of process `pid` (by its pid here) in the innermost PID namespace it is in: what os.getpid()
+    answers in it, and what a worker writes in its ledger. The last field of /proc/<pid>/status's NSpid
+    line (one field per namespace, this one's first). None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid  # a kernel without NSpid (before 4.1) has no namespaces to see through
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of process `pid`, of every one of its threads (/proc/<pid>/task/*/children)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def outer(root: int, pid: int) -> int | None:
+    """`root` or a direct child of it whose own pid (own_pid) is `pid`, by its pid here; None if none is.
+    A worker in a host's PID namespace records the pids of that namespace: a pid read from its ledger
+    names a process here only through this. Outside any namespace of ours own_pid(p) is p: the same test
+    as "pid is root or a child of root"."""
+    for p in (root, *children(root)):
+        if own_pid(p) == pid:
+            return p
+    return None

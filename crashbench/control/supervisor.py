@@ -42,7 +42,6 @@ from crashbench.control.reaper import (
     die_with_parent,
     end_sessions,
     log_to,
-    stat_fields,
 )
 from crashbench.control.zygote import Zygote
 from crashbench.model.queue import SLOT_ENV
@@ -268,19 +267,24 @@ class Supervisor:
         except psutil.NoSuchProcess:
             return False
 
+    def own_pid(self, w: WorkerProcess) -> int:
+        """The worker's pid as it sees it (in a host's PID namespace, that namespace's): what its ledger holds."""
+        return pidns.own_pid(w.pid) or w.pid
+
     def send_below(self, w: WorkerProcess, pid: int, sig: int) -> psutil.Process | None:
-        """Signal `pid` if it is a process below worker `w` (never `w` itself); the process, or None."""
+        """Signal the process below worker `w` (never `w` itself) whose own pid is `pid`, as the worker's
+        ledger records it (on a host, its PID namespace's pid: pidns.own_pid); the process, or None."""
         for p in self._family(w)[1:]:
-            if p.pid == pid:
+            if pidns.own_pid(p.pid) == pid:
                 p.send_signal(sig)  # psutil checks the start time: a reused pid is not signalled
                 return p
         return None
 
     def deliver(self, w: WorkerProcess, sig: int, target: str, child: int, frozen: bool) -> tuple[str, list]:
-        """A fault signal to `target` of worker `w` (frozen or not): "child", only the process `child`
-        below it that runs the job (the worker lives on); "parent", the worker alone, the rest of its
-        tree left running; anything else, the whole tree. Returns the target hit and the processes below
-        `w` that got the signal (to wait for with `wait_dead`)."""
+        """A fault signal to `target` of worker `w` (frozen or not): "child", only the process below it
+        that runs the job, `child` by the ledger's pid (send_below; the worker lives on); "parent", the
+        worker alone, the rest of its tree left running; anything else, the whole tree. Returns the target
+        hit and the processes below `w` that got the signal (to wait for with `wait_dead`)."""
         if target == "child" and child and (proc := self.send_below(w, child, sig)):
             if frozen:
                 self.thaw(w)
@@ -319,18 +323,12 @@ class Supervisor:
     def stop_first(self, w: WorkerProcess, pid: int) -> None:
         """SIGSTOP `pid` at once if it is `w` or a child of `w`: the process running a handler, stopped
         before `freeze` lists the tree, which takes milliseconds on a loaded machine, long enough for a
-        short job to end. Any other pid (gone, or reused by then) is left alone."""
-        if not w.alive or w.control is not None:  # a remote worker's pids are its host's
+        short job to end. `pid` is the ledger's (on a host, its PID namespace's: pidns.outer finds the
+        process by it). Any other pid (gone, or reused by then) is left alone."""
+        if not w.alive or w.control is not None or (target := pidns.outer(w.pid, pid)) is None:
             return
-        if pid != w.pid:
-            try:
-                ppid = int(stat_fields(pid)[1])
-            except (OSError, ValueError, IndexError):
-                return
-            if ppid != w.pid:
-                return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(target, signal.SIGSTOP)
 
     def freeze(self, w: WorkerProcess, timeout: float = 1.0) -> bool:
         """SIGSTOP `w` (and its tree) and wait until the kernel reports every one stopped, so its

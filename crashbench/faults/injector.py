@@ -145,7 +145,8 @@ class WorkerFaults:
         replacement = None
         target = fault.target if self.own_worker else "worker"
         inside = opened[-1] if opened else None
-        child = inside.pid if inside and inside.pid != victim.pid else 0
+        # The ledger's pids are the worker's own (a host's PID namespace's): so is `child`, and so it is recorded.
+        child = inside.pid if inside and inside.pid != self.sup.own_pid(victim) else 0
         if sig == signal.SIGSTOP:
             # A pause, not a death: the worker keeps its slot and resumes after `duration` seconds.
             self.sup.send(victim, sig)

@@ -255,9 +255,10 @@ class Partitions:
     def heal(self, slot: int) -> None:
         """Remove the slot's rule (nothing if it has none): packets flow again; TCP retransmits what was lost."""
         if (match := self.applied.pop(slot, None)) is not None:
-            with contextlib.suppress(NetnsError):  # the host side may be missing if apply failed half-way
+            with contextlib.suppress(NetnsError):  # either side may be missing if apply failed half-way
                 _iptables("-D", self.chain, "-i", self.namespace(slot), *match)
-            _iptables("-F", "INPUT", ns=self.namespace(slot))
+            with contextlib.suppress(NetnsError):  # by its spec: the hosts' cuts between them stay
+                _iptables("-D", "INPUT", *match, ns=self.namespace(slot))
 
     def close(self) -> None:
         """Delete every namespace, veth and iptables rule and chain of this run; again, it does nothing.
@@ -293,7 +294,8 @@ def enter_namespace(name: str) -> None:
 
 
 def _names(prefix: str) -> tuple[dict[str, list[str]], list[str]]:
-    """Namespaces, links and host chains named `prefix`..., INPUT's jumps (as `-S` prints them); and the
+    """Namespaces, links and host chains named `prefix`..., INPUT's and FORWARD's jumps (as `-S` prints
+    them; FORWARD's: crashbench.faults.hosts.links); and the
     listings that failed (an iptables that cannot run has no rules of ours, the rest is still removed)."""
     found: dict[str, list[str]] = {"netns": [], "link": [], "chain": [], "jump": []}
     problems = []
@@ -302,7 +304,7 @@ def _names(prefix: str) -> tuple[dict[str, list[str]], list[str]]:
         found["link"] = re.findall(r"^[0-9]+: ([^:@\s]+)", _run(["ip", "-o", "link", "show"]), re.M)
         rules = _iptables("-S").splitlines()
         found["chain"] = [line.split()[1] for line in rules if line.startswith("-N ")]
-        found["jump"] = [line for line in rules if line.startswith("-A INPUT ") and " -j " in line]
+        found["jump"] = [line for line in rules if line.startswith(("-A INPUT ", "-A FORWARD ")) and " -j " in line]
     except NetnsError as exc:
         problems.append(exc.message)
     return {k: [n for n in v if k == "jump" or n.startswith(prefix)] for k, v in found.items()}, problems

@@ -96,10 +96,12 @@ class DeployFault(Fault):
 class HostFault(Fault):
     """A fault of one host, a network and PID namespace with its worker slots (crashbench.faults.hosts):
     host-crash (its init SIGKILLed, every worker on it with it; rebooted `duration` s later), host-pause
-    (every process on it SIGSTOPped for `duration` s), host-partition (cut off from the server for `duration` s)."""
+    (every process on it SIGSTOPped for `duration` s), host-partition (cut off from the server, or from the
+    hosts `apart`, for `duration` s)."""
 
     kind: str = "host-crash"
     host: int = 0  # its index in the run's hosts ([[faults]] kind = "hosts")
+    apart: tuple[int, ...] = ()  # a host-partition's: the other hosts it is cut off from; (): from the server
 
 
 HOST_KINDS = ("host-crash", "host-pause", "host-partition")
@@ -134,8 +136,9 @@ def fault_of(data: dict[str, Any]) -> Fault:
     cls = fault_class(kind)
     names = {f.name for f in fields(cls)}
     values = {k: v for k, v in data.items() if k in names}
-    if "slots" in values:
-        values["slots"] = tuple(values["slots"])
+    for key in ("slots", "apart"):
+        if key in values:
+            values[key] = tuple(values[key])
     return cls(**{**values, "kind": kind})
 
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 
 from crashbench import jobids
-from crashbench.control import memlimit
+from crashbench.control import memlimit, pidns
 from crashbench.control.supervisor import WorkerProcess
 from crashbench.model.ledger import Ledger
 from crashbench.model.workload import Workload
@@ -71,10 +71,19 @@ class CrashLoop:
         if not self.active:  # the drain's every tick: the ledger's last open execution of each, no more
             return any(self.ledger.inside(w.name) for w in alive)
         return any(
-            not (self.crashes(jobids.code(ex.job)) and not _alive(ex.pid))
+            not (self.crashes(jobids.code(ex.job)) and not _running(w, ex.pid))
             for w in alive
             for ex in self.ledger.open_in(w.name)
         )
+
+
+def _running(w: WorkerProcess, pid: int) -> bool:
+    """Is the process the worker's ledger calls `pid` alive? On a host (crashbench.faults.hosts) the
+    ledger's pids are the host's PID namespace's: the worker or its child by that pid (pidns.outer)."""
+    own = pidns.own_pid(w.pid)
+    if own is None or own == w.pid:
+        return _alive(pid)
+    return pidns.outer(w.pid, pid) is not None
 
 
 def _alive(pid: int) -> bool:

@@ -14,7 +14,9 @@ and the faults of a whole host, as Jepsen's nemeses make them on its nodes:
     downtime = 0.5
 
     kind = "host-pause"          # every process on it SIGSTOPped for `duration` s
-    kind = "host-partition"      # cut off from the server (iptables DROP, both ways) for `duration` s
+    kind = "host-partition"      # cut off (iptables DROP, both ways) for `duration` s: from the server
+    from = "server"              # (the default); or "hosts": from every other host, or [1, 2]: from
+                                 # those; cut off from hosts it still reaches the server
 
 Root, `ip` and `iptables` only (crashbench.faults.netns.unavailable says what is missing); the server
 must be one crashbench starts (it is made to listen on the hosts' addresses).
@@ -53,7 +55,7 @@ from crashbench.model.timeline import FaultEvent, Timeline
 SSH_KEYS = ("ssh", "identity", "known_hosts", "python", "server")  # hosts over SSH (the layout's entry)
 
 KINDS = ("hosts", *HOST_KINDS)
-KEYS = ("kind", "slots", "host", "at", "duration", "downtime", *SSH_KEYS)
+KEYS = ("kind", "slots", "host", "at", "duration", "downtime", "from", *SSH_KEYS)
 DOWNTIME = 0.5  # a crashed host's, by default
 DURATION = 1.0  # a pause's or a partition's, by default
 
@@ -97,13 +99,22 @@ def _ssh_problems(where: str, entry: Entry) -> list[str]:
     return p
 
 
+def apart(entry: Entry, hosts: int) -> tuple[int, ...]:
+    """The hosts a host-partition cuts its host off from (`from`); (): from the server."""
+    given, host = entry.get("from", "server"), entry.get("host", 0)
+    if given == "hosts":
+        return tuple(h for h in range(hosts) if h != host)
+    return tuple(given) if isinstance(given, list | tuple) else ()
+
+
 def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fault]:
-    """Nothing drawn: the host and times are the entry's."""
+    """Nothing drawn: the host, the times and the hosts it is cut off from are the entry's."""
     kind = entry.get("kind")
     if kind not in HOST_KINDS:
         return []  # the layout
     length = entry.get("downtime", DOWNTIME) if kind == "host-crash" else entry.get("duration", DURATION)
-    return [HostFault(start, float(entry.get("at", 1.0)), kind=kind, duration=float(length), host=entry.get("host", 0))]
+    at, host = float(entry.get("at", 1.0)), entry.get("host", 0)
+    return [HostFault(start, at, kind=kind, duration=float(length), host=host, apart=apart(entry, len(layout(sc))))]
 
 
 def _layout_problems(where: str, hosts: object, workers: int) -> list[str]:
@@ -129,7 +140,7 @@ def _layout_problems(where: str, hosts: object, workers: int) -> list[str]:
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
     kind, where = entry.get("kind"), f"[[faults]] {entry.get('kind')} entry {n}"
     if kind == "hosts":
-        p = [f"{where}: {k} is for a host fault, not the hosts' layout" for k in KEYS[2:6] if k in entry]
+        p = [f"{where}: {k} is for a host fault, not the hosts' layout" for k in KEYS[2:7] if k in entry]
         return p + _layout_problems(where, entry.get("slots"), sc.workload.workers) + _ssh_problems(where, entry)
     p = [f'{where}: {k} is for kind = "hosts" (the layout), not {kind}' for k in ("slots", *SSH_KEYS) if k in entry]
     own = "downtime" if kind == "host-crash" else "duration"
@@ -145,7 +156,26 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
         p.append(f"{where}: host is missing: which host (0 to {max(len(hosts), 1) - 1}) it hits")
     elif hosts and (isinstance(host, bool) or not isinstance(host, int) or not 0 <= host < len(hosts)):
         p.append(f"{where}: host must be a host, 0 to {len(hosts) - 1}, not {host!r}")
+    if "from" in entry:
+        p += _from_problems(where, kind, entry["from"], host, len(hosts))
     return p
+
+
+def _from_problems(where: str, kind: object, given: object, host: object, hosts: int) -> list[str]:
+    if kind != "host-partition":
+        return [f"{where}: from is for host-partition (what it is cut off from), not {kind}"]
+    others = [h for h in range(hosts) if h != host]
+    if given == "server" or (given == "hosts" and others) or not hosts:  # no layout: said by combinations
+        return []
+    if given == "hosts":
+        return [f'{where}: from = "hosts" needs another host to cut host {host} off from: the layout has one']
+    good = isinstance(given, list | tuple) and given and len(set(map(repr, given))) == len(given) and all(
+        isinstance(h, int) and not isinstance(h, bool) and h in others for h in given
+    )  # fmt: skip
+    if good:
+        return []
+    which = ", ".join(map(str, others))
+    return [f'{where}: from must be "server", "hosts" or a list of other hosts ({which}), each once, not {given!r}']
 
 
 def combinations(sc: Scenario) -> list[str]:
@@ -219,6 +249,8 @@ def bands(tl: Timeline) -> list[Band]:
             until = ends.get(e.data["index"])
             span = f"{e.t:.3f} s to {until:.3f} s" if until is not None else f"from {e.t:.3f} s, never over"
             tip = f"host {e.data['host']} {what}: {span}"
+            if e.data.get("apart"):
+                tip += f" (from host {', '.join(map(str, e.data['apart']))}; still reaching the server)"
             if what == "crash":
                 tip += f" ({len(e.data['jobs'])} job{'s' if len(e.data['jobs']) != 1 else ''} running)"
             out.append(Band(e.t, until, f"host {what}", f"host {what}", tip, tuple(e.data["slots"])))
@@ -237,7 +269,8 @@ ROWS = (
 
 FAMILY = FaultFamily(
     name=NAME,
-    summary="worker slots on hosts (a network and PID namespace each): crash, pause or cut off a whole host",
+    summary="worker slots on hosts (a network and PID namespace each): crash, pause or cut off a whole host "
+    "(from the server or from other hosts)",
     kinds=KINDS,
     keys=KEYS,
     problems=problems,

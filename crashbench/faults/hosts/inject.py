@@ -6,7 +6,8 @@ healed `duration` s later, one after another on the same host as planned.
                     waited for and its final ledger read: the jobs it was in. After the downtime a new
                     init (the reboot) and a new worker in each of its slots; over once each said READY.
     host-pause      every process on the host SIGSTOPped (listed from its PID namespace), SIGCONT after.
-    host-partition  the host's packets to and from the server dropped (iptables, its network namespace).
+    host-partition  the host's packets to and from the server dropped (iptables, its network namespace);
+                    with `apart`, its packets to and from those hosts instead (crashbench.faults.hosts.links).
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ class HostFaults:
             self._event("pause", d.started, index=f.index, host=f.host, slots=list(host.slots),
                         processes=d.frozen, frozen_at=frozen)  # fmt: skip
         else:
-            host.cut()
+            host.cut(f.apart)
             d.started = self.clock()
-            self._event("partition", d.started, index=f.index, host=f.host, slots=list(host.slots))
+            self._event("partition", d.started, index=f.index, host=f.host, slots=list(host.slots),
+                        apart=list(f.apart))  # fmt: skip
 
     def _heal(self, d: Doing) -> None:
         f, host = d.fault, self.hosts.hosts[d.fault.host]

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from crashbench.control import pidns
 from crashbench.faults import netns
+from crashbench.faults.hosts import links
 
 
 def unavailable() -> str | None:
@@ -51,17 +52,17 @@ class Host(Protocol):
 
     def resume(self) -> None: ...
 
-    def cut(self) -> None: ...  # from the server
+    def cut(self, apart: Sequence[int] = ()) -> None: ...  # from the server; or from the hosts `apart`
 
     def heal(self) -> None: ...
 
 
 class NamespaceHost:
-    """A host on this machine: the network namespace `net`'s slot `index` of the run's Partitions, and a PID
-    namespace with its init (`init`, None while down)."""
+    """A host on this machine: the network namespace `net`'s slot `index` of the run's Partitions (cut off
+    from other hosts by `cuts`), and a PID namespace with its init (`init`, None while down)."""
 
-    def __init__(self, index: int, slots: tuple[int, ...], net: netns.Partitions, logs: Path) -> None:
-        self.index, self.slots, self.net, self.logs = index, slots, net, logs
+    def __init__(self, index: int, slots: tuple[int, ...], net: netns.Partitions, logs: Path, cuts: links.Cuts) -> None:
+        self.index, self.slots, self.net, self.logs, self.cuts = index, slots, net, logs, cuts
         self.init: pidns.Init | None = None
         self.dead: list[pidns.Init] = []  # crashed, reaped once their workers are
         self.boots = 0
@@ -99,10 +100,14 @@ class NamespaceHost:
         thaw(self.frozen)
         self.frozen = []
 
-    def cut(self) -> None:
-        self.net.apply(self.index, "drop")
+    def cut(self, apart: Sequence[int] = ()) -> None:
+        if apart:
+            self.cuts.cut(self.index, apart)
+        else:
+            self.net.apply(self.index, "drop")
 
     def heal(self) -> None:
+        self.cuts.heal(self.index)
         self.net.heal(self.index)
 
     def place(self) -> int:
@@ -128,7 +133,9 @@ class Hosts:
         self._before: dict[str, str] | None = None
         try:
             self._before = netns.bind_server(url, self.net.host_addresses)
-            self.hosts = [NamespaceHost(i, tuple(slots), self.net, logs) for i, slots in enumerate(layout)]
+            links.route(self.net)  # the hosts reach each other, as machines on one LAN
+            cuts = links.Cuts(self.net)
+            self.hosts = [NamespaceHost(i, tuple(slots), self.net, logs, cuts) for i, slots in enumerate(layout)]
             for h in self.hosts:
                 h.boot()
         except BaseException:

@@ -8,7 +8,8 @@ one the namespace hosts use:
     crash     every worker process crashbench started there SIGKILLed, each with its process group, in one
               command: as close to a host losing power as SSH can make (a VM's reset is another Host)
     pause     each of them SIGSTOPped, the command returning once the host's kernel reports them stopped
-    cut/heal  iptables on the host drops its packets to and from the server's address and port (root there)
+    cut/heal  iptables on the host drops its packets to and from the server's address and port, or (`from`)
+              everything to and from the other hosts' addresses (root there)
 
 `close` kills whatever is left, removes the rules and the directory: nothing is left on a host.
 The server must be reachable from the hosts: `server` in the hosts' entry is its address as they see it;
@@ -47,7 +48,8 @@ class SshHost:
     def __init__(self, index: int, slots: tuple[int, ...], target: SshTarget, server: tuple[str, int]) -> None:
         self.index, self.slots, self.target, self.server = index, slots, target, server
         self.root = ""
-        self._cut = False
+        self.peers: list[str] = []  # every host's address, by index (for a cut between hosts)
+        self._cut, self._apart = False, ()
         self._up = False
 
     @property
@@ -88,13 +90,20 @@ class SshHost:
         self._signal("CONT")
 
     def _rules(self, op: str) -> str:
+        """Its cut: to and from the server's port, or (`apart`) everything to and from those hosts."""
+        tag = f"-m comment --comment crashbench-{Path(self.root).name} -j DROP"
+        if self._apart:
+            peers = [quote(self.peers[h]) for h in self._apart]
+            rules = [f"iptables -w {op} {chain} {way} {p} {tag}" for p in peers
+                     for chain, way in (("OUTPUT", "-d"), ("INPUT", "-s"))]  # fmt: skip
+            return " && ".join(rules)
         ip, port = self.server
-        tag = f"crashbench-{Path(self.root).name}"
-        out = f"iptables -w {op} OUTPUT -p tcp -d {quote(ip)} --dport {port} -m comment --comment {tag} -j DROP"
-        inp = f"iptables -w {op} INPUT -p tcp -s {quote(ip)} --sport {port} -m comment --comment {tag} -j DROP"
+        out = f"iptables -w {op} OUTPUT -p tcp -d {quote(ip)} --dport {port} {tag}"
+        inp = f"iptables -w {op} INPUT -p tcp -s {quote(ip)} --sport {port} {tag}"
         return f"{out} && {inp}"
 
-    def cut(self) -> None:
+    def cut(self, apart: Sequence[int] = ()) -> None:
+        self._apart = tuple(apart)
         ssh.run(self.target, self._rules("-I"))
         self._cut = True
 
@@ -126,6 +135,8 @@ class SshHosts:
         address = (parts.hostname or "127.0.0.1", parts.port or 6379)
         self.hosts = [SshHost(i, tuple(s), t, address) for i, (s, t) in enumerate(zip(layout, targets, strict=True))]
         self._of = {s: h for h in self.hosts for s in h.slots}
+        for h in self.hosts:
+            h.peers = [t.host for t in targets]
         self._before: dict[str, str] | None = None
         try:
             if bind and server:
