@@ -246,3 +246,13 @@ def test_a_whole_depth_reading_runs_on_its_own_thread_and_its_error_reaches_the_
     q.gate.set()
     with pytest.raises(redis.ConnectionError, match="server down"):
         reader.step()
+
+
+def test_a_stream_deleted_between_its_listing_and_its_reading_is_read_empty(client: redis.Redis) -> None:
+    """A library's stream can go between the scan that lists it and the reading (arq's ended job, in a
+    sharded libraries run): read as gone ("none"), not the end of the run. Read directly,
+    a key that no longer exists answers `no such key`."""
+    with pytest.raises(redis.ResponseError, match="no such key"):
+        client.xinfo_stream("gone-stream")
+    key = inspector._read(client, b"gone-stream", "gone-stream", "stream")
+    assert (key.name, key.type, key.groups, key.length) == ("gone-stream", "none", [], 0)

@@ -196,7 +196,12 @@ def _read(r: redis.Redis, name: bytes, text: str, kind: str) -> StoredKey:
         value = r.get(name)
         key.items = [] if value is None else [value]
     elif kind == "stream":
-        _read_stream(r, name, key)
+        try:
+            _read_stream(r, name, key)
+        except redis.ResponseError as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+            return StoredKey(text, "none")  # gone while we looked (deleted since it was listed: arq's job ended)
     return key
 
 
