@@ -289,3 +289,28 @@ def test_band_labels_that_would_overlap_are_drawn_once() -> None:
     drawn = "".join(lanes._bands(tl, scale, g))
     assert drawn.count('<g class="band deploy') == 5
     assert drawn.count('class="band-label') == 2  # the first four share one; the one at 40 ms has its own
+
+
+def test_a_run_without_kills_says_so_and_its_other_faults_are_counted() -> None:
+    """The title of a scenario with kills = 0 says "no worker kills" (it said "0 x SIGKILL every 0.5 s"), in
+    the page, the terminal table and the exports alike; a run's headline counts every family's faults (a
+    host partition's too), not only the kills, the broker's and the network's."""
+    from crashbench.faults.hosts import machine
+    from crashbench.report import export, tables
+    from crashbench.report.rows import kills_phrase
+
+    sc = Scenario.of(name="quiet", kills=0).to_dict()
+    assert kills_phrase(sc) == "no worker kills" and "0 ×" not in tables.scenario_line(sc)
+    loud = Scenario.of(name="loud", kills=3).to_dict()
+    assert kills_phrase(loud) == f"3 × SIGKILL every {loud['interval']:g} s ({loud['kill_when']})"
+    partition = {"kind": "host-partition", "host": 0, "at": 0.2, "duration": 0.2}
+    sc = Scenario.of(name="hosts", kills=0, jobs=20, job_ms=5, workers=2).replace(
+        schedule=({"kind": "hosts", "slots": [[0], [1]]}, partition)
+    )
+    if (reason := machine.unavailable()) is not None:
+        pytest.skip(reason)
+    result = run_designs(sc, ["reliable"], Options())
+    page = html.render(result, [result.runs[0].timeline])
+    assert "no worker kills" in page and "0 × SIGKILL" not in page
+    assert re.search(r'<p class="headline">.*· 1 fault</p>', page)
+    assert "no worker kills" in export.markdown(result) and "0 × SIGKILL" not in export.markdown(result)

@@ -94,9 +94,9 @@ def _scenario_line(result: Result) -> str:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
     repeats = f", {result.repeat} repeats" if result.repeat > 1 else ""
+    kills = "no worker kills" if sc.get("kills") == 0 else f"{g('kills')} × {g('signal')} every {g('interval')} s"
     return (
-        f"{g('name')}: {g('jobs')} jobs × {g('job_ms')} ms, {g('workers')} workers, "
-        f"{g('kills')} × {g('signal')} every {g('interval')} s, seed {g('seed')}{repeats}"
+        f"{g('name')}: {g('jobs')} jobs × {g('job_ms')} ms, {g('workers')} workers, {kills}, seed {g('seed')}{repeats}"
     )
 
 

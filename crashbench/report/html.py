@@ -141,7 +141,7 @@ def headline(c: Counts, drawn: lanes.Lanes, others: int = 0) -> str:
                       ("effect_duplicated", "effects duplicated (your check)")):  # fmt: skip
         if getattr(c, key):
             parts.append(f'<span class="bad">{getattr(c, key):,} {word}</span>')
-    n = c.kills + others  # `others`: the broker's and the network's faults
+    n = c.kills + others  # `others`: the other families' faults (the broker's, the network's, a host's, ...)
     faults = f"{n} fault{'s' if n != 1 else ''}"
     if c.kills:
         faults += f" ({c.kills} on workers, {c.kills_mid_job} mid-job)" if others else f" ({c.kills_mid_job} mid-job)"
@@ -185,7 +185,7 @@ def _section(result: Result, run: DesignRun | None, tl: Timeline, scale: Scale, 
         f'<h2>{esc(name)}{design}{repeat}<span class="badge {status}">{status}</span></h2>',
     ]
     if run is not None:
-        others = len(run.network_faults) + (run.broker_fault is not None)
+        others = sum(1 for f in run.schedule if f.kind != "signal")  # every family's planned faults but the kills
         out.append(f'<p class="headline">{headline(run.counts, drawn, others)}</p>')
     if drawn.aggregated:
         bucket = (scale.t1 - scale.t0) / max(20, int((scale.x1 - scale.x0) / 4))

@@ -99,7 +99,7 @@ def result_table(result: Result, plain: bool = False) -> Group:
     repeats = f", {result.repeat} repeats (median, min-max)" if result.repeat > 1 else ""
     title = design + (
         f"{sc['name']}: {sc['jobs']} jobs x {sc['job_ms']:g} ms, {sc['workers']} workers, "
-        f"{sc['kills']} x {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}{repeats}"
+        f"{table_rows.kills_phrase(sc, 'x')}, seed {sc['seed']}{repeats}"
     )
     # The title above the table, not in it: a table title wraps at the table's width, which depends
     # on the figures, so where it broke ("2 / repeats") changed from one result to the next.

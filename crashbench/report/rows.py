@@ -4,6 +4,7 @@ report (tables.py). No rich here: the HTML report is core-side."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from crashbench.faults import registry
 from crashbench.model.results import DesignRun, ThresholdResult, number
@@ -106,3 +107,10 @@ def effect_note(run: DesignRun, shown_ids: int = 10) -> str | None:
         "otherwise than the task completed (an effect written by an attempt killed before it returned, or a re-run "
         f"the app absorbed): {listed}"
     )
+
+
+def kills_phrase(sc: dict[str, Any], times: str = "×") -> str:
+    """The scenario's worker kills in a few words: "no worker kills" when it has none."""
+    if not sc.get("kills"):
+        return "no worker kills"
+    return f"{sc['kills']} {times} {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']})"

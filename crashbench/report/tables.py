@@ -110,7 +110,7 @@ def scenario_line(sc: dict[str, Any]) -> str:
     try:
         line = (
             f"{sc['name']}: {sc['jobs']:,} jobs × {sc['job_ms']:g} ms, {sc['workers']} workers, "
-            f"{sc['kills']} × {sc['signal']} every {sc['interval']:g} s ({sc['kill_when']}), seed {sc['seed']}"
+            f"{table_rows.kills_phrase(sc)}, seed {sc['seed']}"
         )
     except (KeyError, TypeError, ValueError):
         return str(sc.get("name", "scenario"))
