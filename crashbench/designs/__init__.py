@@ -337,6 +337,8 @@ BUILTIN: dict[str, str] = {
     "reliable": "crashbench.designs.reliable:ReliableQueue",
     "stream": "crashbench.designs.stream:StreamQueue",
     "reliable-batch": "crashbench.designs.reliable_batch:ReliableBatchQueue",
+    "reliable-ids": "crashbench.designs.reliable_noid:ReliableIds",
+    "reliable-noid": "crashbench.designs.reliable_noid:ReliableNoId",
     "stream-batch": "crashbench.designs.stream_batch:StreamBatchQueue",
     "stream-reuse": "crashbench.designs.stream_reuse:StreamReuseQueue",
     "priority": "crashbench.designs.priority:PriorityQueue",
