@@ -164,13 +164,15 @@ stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recov
 	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
 	$(BIN)/python lab/stream_consumers.py results/readme/stream-consumers
 
-# docs/findings/list-to-stream.md's tables (about 2 minutes): LREM by value, reliable-ids against reliable-noid with
-# two jobs per worker's list and with one (3 seeds each).
-list-to-stream: $(STAMP)  ## docs/findings/list-to-stream.md's tables (LREM by value with identical payloads)
+# docs/findings/list-to-stream.md's tables (about 3 minutes): LREM by value, reliable-ids against reliable-noid with
+# two jobs per worker's list and with one; the migration from the list to the stream, and stopped too early (3 seeds each).
+list-to-stream: $(STAMP)  ## docs/findings/list-to-stream.md's tables (LREM by value; a live list-to-stream migration)
 	rm -rf results/readme/list-to-stream
 	$(BIN)/crashbench compare -s scenarios/lrem-identical.toml --repeat 3 --plain --out results/readme/list-to-stream
 	$(BIN)/crashbench compare -s scenarios/lrem-identical.toml --batch-size 1 --repeat 3 --plain \
 	  --out results/readme/list-to-stream || [ $$? -eq 1 ]  # noid meets ids' figures there: its lost > 0 fails
+	$(BIN)/crashbench compare -s scenarios/migrate.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/migrate-early-stop.toml --repeat 3 --plain --out results/readme/list-to-stream
 	$(BIN)/python lab/list_to_stream.py results/readme/list-to-stream
 
 # docs/tutorial-your-app.md's table: examples/orders' naive and idempotent order task under each library's adapter,

@@ -342,6 +342,7 @@ BUILTIN: dict[str, str] = {
     "stream-batch": "crashbench.designs.stream_batch:StreamBatchQueue",
     "stream-reuse": "crashbench.designs.stream_reuse:StreamReuseQueue",
     "priority": "crashbench.designs.priority:PriorityQueue",
+    "migrating": "crashbench.designs.migrating:MigratingQueue",
     "sharded": "crashbench.designs.sharded:ShardedQueue",
     "rq": "crashbench.designs.rqlib:RQQueue",
     "rq:reliable": "crashbench.designs.rqlib:RQReliable",

@@ -1,0 +1,155 @@
+"""The migration from the list queue to the stream (crashbench/designs/migrating.py, crashbench/faults/migrate.py):
+the design's routing on a real server, the harness's reading of the list side, the entry's checks, and the
+migrate and migrate-early-stop scenarios' crash runs, whose expectations each fire on the other's run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from crashbench import faults, scenario
+from crashbench.designs.migrating import MigratingQueue, on_stream
+from crashbench.faults.migrate import events, list_side_empty
+from crashbench.model.queue import SLOT_ENV, DesignSettings, Job
+from crashbench.model.results import DesignRun
+from crashbench.model.thresholds import evaluate
+from crashbench.report import html
+from crashbench.run.session import Options, run_designs
+from crashbench.scenario import ScenarioError, parse
+from tests.conftest import assert_recounts
+from tests.expectations import assert_each_can_fail, committed_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "readme" / "list-to-stream"  # make list-to-stream: docs/findings/list-to-stream.md
+SETTINGS = DesignSettings(stale_after=10.0, recover_every=1.0)
+
+
+def _worker(client: redis.Redis, prefix: str, slot: int, monkeypatch: pytest.MonkeyPatch) -> MigratingQueue:
+    monkeypatch.setenv(SLOT_ENV, str(slot))
+    q = MigratingQueue(client, prefix, SETTINGS)
+    monkeypatch.delenv(SLOT_ENV)
+    return q
+
+
+def test_the_flag_moves_the_producer_and_each_slot_takes_from_its_side(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = "test:mig1:"
+    harness = MigratingQueue(client, prefix, SETTINGS)
+    harness.setup()
+    harness.enqueue([Job("a")])
+    harness.flip()
+    harness.enqueue([Job("b")])
+    assert harness.state().held == {"a": "list:pending", "b": "stream:pending"}
+    assert harness.backlog() == 2
+    lister, streamer = _worker(client, prefix, 2, monkeypatch), _worker(client, prefix, 3, monkeypatch)
+    assert not on_stream(2) and on_stream(3)
+    for q, name, want in ((lister, "w1", "a"), (streamer, "w2", "b")):
+        q.start_worker(name, 0.0)
+        job = q.fetch(name, 0.01, 0.0)
+        assert job is not None and job.id == want
+    assert harness.state().held == {"a": "list:processing:w1", "b": "stream:pel:w2"}
+    assert lister.fetch("w1", 0.01, 0.0) is None and streamer.fetch("w2", 0.01, 0.0) is None
+
+
+def test_the_harness_reads_the_list_side_empty_only_when_it_is(client: redis.Redis) -> None:
+    prefix = "test:mig2:"
+    raw = redis.Redis(connection_pool=client.connection_pool)  # any client: the reading sums lengths
+    q = MigratingQueue(client, prefix, SETTINGS)
+    q.setup()
+    assert list_side_empty(raw, prefix)
+    q.enqueue([Job("a")])
+    assert not list_side_empty(raw, prefix)  # pending
+    q.lists.start_worker("w1", 0.0)
+    job = q.lists.fetch("w1", 0.01, 0.0)
+    assert job is not None and not list_side_empty(raw, prefix)  # a processing list
+    q.lists.fail("w1", job, 0.0)
+    assert client.zcard(prefix + "list:delayed") == 1 and not list_side_empty(raw, prefix)  # a delayed retry
+    client.delete(prefix + "list:delayed")
+    q.flip()
+    q.enqueue([Job("b")])
+    assert list_side_empty(raw, prefix)  # the stream's job is not the list's
+
+
+def test_every_problem_of_a_migrate_entry_is_named() -> None:
+    def problems(entry: dict[str, Any], **sections: Any) -> str:
+        doc = {"faults": [{"kind": "migrate", **entry}], "workload": {"workers": 4, "produce": "during"}, **sections}
+        with pytest.raises(ScenarioError) as caught:
+            parse(doc, "x.toml")
+        return str(caught.value)
+
+    assert "migrate entry 1: at must be a number of seconds from 0, not -1" in problems({"at": -1})
+    assert "migrate entry 1: stop_after must be a number of seconds from 0, not 'x'" in problems({"stop_after": "x"})
+    assert "migrate needs the migrating design alone, not reliable" in problems({}, run={"designs": ["reliable"]})
+    assert "migrate needs at least 2 workers" in problems({}, workload={"workers": 1, "produce": "during"})
+    assert 'migrate needs workload.produce = "during"' in problems({}, workload={"workers": 2})
+    assert "unknown key 'slot' for migrate" in problems({"slot": 1})
+    ok = {"faults": [{"kind": "migrate", "at": 2, "stop_after": 0.5}], "workload": {"workers": 2, "produce": "during"}}
+    (f,) = faults.plan(parse(ok, "x.toml"))
+    assert (f.kind, f.at, f.stop_after) == ("migrate", 2.0, 0.5)
+
+
+def _failing(sc: scenario.Scenario, run: DesignRun) -> list[str]:
+    return [t.rule() for t in sc.expect["migrating"] if evaluate(t, "migrating", [run], None).status == "fail"]
+
+
+def _run(name: str, url: str, tmp_path: Path) -> tuple[scenario.Scenario, DesignRun]:
+    sc = scenario.load(str(ROOT / "scenarios" / f"{name}.toml"))
+    result = run_designs(sc, ["migrating"], Options(redis_url=url))
+    (run,) = result.runs
+    assert run.problems == [] and run.timeline is not None
+    assert_recounts(result, tmp_path)
+    # The report draws the dual run across the lanes and a cross where each list worker was stopped.
+    page = html.render(result, [run.timeline])
+    assert page.count('<g class="band migrate">') == 1 and page.count("migrate: SIGTERM w") == 2
+    assert ".band.migrate rect{" in page
+    return sc, run
+
+
+def _sides_are_kept(run: DesignRun) -> None:
+    """The ledger's evidence for the flip's split: every execution of a job enqueued before it ran in a list
+    worker (even slot), every other one in a stream worker, and the list workers stopped are the even slots'."""
+    tl = run.timeline
+    assert tl is not None
+    (flip,) = events(tl, "flip")
+    before = set(list(tl.ids)[: flip.data["to_list"]])
+    slot = tl.slot_of()
+    wrong = [ex.job for ex in tl.executions if (ex.job in before) == on_stream(slot[ex.worker])]
+    assert wrong == [] and run.counts.enqueued_list == len(before) > 0
+    assert run.counts.enqueued_list + run.counts.enqueued_stream == run.counts.enqueued
+    assert all(not on_stream(e.data["slot"]) for e in events(tl, "sigterm"))
+
+
+@pytest.mark.slow
+def test_the_migrate_scenarios_meet_their_expectations(valkey_url: str, tmp_path: Path) -> None:
+    full_sc, full = _run("migrate", valkey_url, tmp_path / "full")
+    early_sc, early = _run("migrate-early-stop", valkey_url, tmp_path / "early")
+    assert _failing(full_sc, full) == _failing(early_sc, early) == []
+    for run in (full, early):
+        _sides_are_kept(run)
+    # The list drained before its workers stopped, and the stop came after the flip by that long.
+    tl = full.timeline
+    assert tl is not None
+    (flip,), (drained,), (stop,) = events(tl, "flip"), events(tl, "drained"), events(tl, "stop")
+    assert flip.t < drained.t <= stop.t and full.counts.list_drain_ms == round((drained.t - flip.t) * 1000)
+    # Each scenario's expectations fire on the other's run: the early stop strands the list's backlog,
+    # undrained, and never sees it empty; the full run strands nothing.
+    assert _failing(full_sc, early) == ["list_drained == 1", "list_drain_ms > 0", "done == enqueued", "stranded == 0"]
+    assert _failing(early_sc, full) == ["list_drained == 0", "stranded > 0"]
+    assert early.counts.stranded_list == early.counts.stranded > 0
+    assert early.counts.stranded_at == {"list": early.counts.stranded}  # where the core's count puts them too
+    assert_each_can_fail(full_sc, [full])
+    assert_each_can_fail(early_sc, [early])
+
+
+@pytest.mark.parametrize("name", ["migrate", "migrate-early-stop"])
+def test_the_committed_runs_meet_their_scenario(name: str) -> None:
+    """The findings' runs (make list-to-stream): each meets its scenario's expectations, each of which can fail."""
+    sc = scenario.load(str(ROOT / "scenarios" / f"{name}.toml"))
+    runs = committed_runs(OUT)[name]
+    assert [r.seed for r in runs] == [1, 2, 3]
+    assert [(r.seed, _failing(sc, r)) for r in runs] == [(r.seed, []) for r in runs]
+    assert_each_can_fail(sc, runs)
