@@ -173,6 +173,7 @@ list-to-stream: $(STAMP)  ## docs/findings/list-to-stream.md's tables (LREM by v
 	  --out results/readme/list-to-stream || [ $$? -eq 1 ]  # noid meets ids' figures there: its lost > 0 fails
 	$(BIN)/crashbench compare -s scenarios/migrate.toml --repeat 3 --plain --out results/readme/list-to-stream
 	$(BIN)/crashbench compare -s scenarios/migrate-early-stop.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/migrate-llen.toml --repeat 3 --plain --out results/readme/list-to-stream
 	$(BIN)/python lab/list_to_stream.py results/readme/list-to-stream
 
 # docs/tutorial-your-app.md's table: examples/orders' naive and idempotent order task under each library's adapter,

@@ -82,7 +82,7 @@ def phase(tl: Timeline, t: float) -> str:
 
 
 def migration(found: list[tuple[str, DesignRun, Timeline]]) -> None:
-    print("Migration (scenarios migrate and migrate-early-stop), per run; list / stream:")
+    print("Migration (scenarios migrate, migrate-early-stop, migrate-llen), per run; list / stream:")
     print(
         "| scenario | seed | kills before / during / after | enqueued | lost | stranded | duplicated"
         " | list drained after the flip |"
@@ -91,7 +91,9 @@ def migration(found: list[tuple[str, DesignRun, Timeline]]) -> None:
     for name, run, tl in found:
         c = run.counts
         when = [phase(tl, k.at) for k in run.kills]
-        drain = f"{c.list_drain_ms} ms" if c.list_drained else "never (stopped early)"
+        stop = next(e for e in tl.fault_events if e.family == "migrate" and e.what == "stop")
+        how = "stopped early" if stop.data["early"] else "stopped at LLEN 0"
+        drain = f"{c.list_drain_ms} ms" if c.list_drained else f"never ({how})"
         cells = [
             " / ".join(str(when.count(p)) for p in ("before", "during", "after")),
             f"{c.enqueued_list} / {c.enqueued_stream}",
@@ -102,26 +104,29 @@ def migration(found: list[tuple[str, DesignRun, Timeline]]) -> None:
         ]
         print(f"| {name} | {run.seed} | " + " | ".join(cells) + " |")
     print()
-    print("Every kill, by when it struck and the worker it hit (all runs above):")
-    print("| when | worker | kills | mid-job | job ran again and completed once | lost | duplicated |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    rows: dict[tuple[str, str], list[int]] = {}
-    for _, run, tl in found:
+    print("Every kill, by when it struck and the worker it hit (all seeds of each scenario):")
+    print(
+        "| scenario | when | worker | kills | mid-job | job ran again, completed once | stranded | lost | duplicated |"
+    )
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows: dict[tuple[str, str, str], list[int]] = {}
+    for name, run, tl in found:
         completions: dict[str, int] = {}
         for ex in tl.executions:
             completions[ex.job] = completions.get(ex.job, 0) + ex.completed
-        lost = set(run.jobs.get("lost", []))
+        held = set(tl.located.held) | set(tl.located.dead)  # the final reading: a job never completed is there or lost
         for k in run.kills:
-            row = rows.setdefault((phase(tl, k.at), "stream" if on_stream(k.slot) else "list"), [0] * 5)
+            row = rows.setdefault((name, phase(tl, k.at), "stream" if on_stream(k.slot) else "list"), [0] * 6)
             row[0] += 1
             row[1] += k.mid_job
             if k.job is not None:
                 row[2] += completions.get(k.job, 0) == 1 and k.recovered_after_ms is not None
-                row[3] += k.job in lost
-                row[4] += completions.get(k.job, 0) > 1
+                row[3] += completions.get(k.job, 0) == 0 and k.job in held
+                row[4] += completions.get(k.job, 0) == 0 and k.job not in held
+                row[5] += completions.get(k.job, 0) > 1
     order = {"before": 0, "during": 1, "after": 2}
-    for (when, side), row in sorted(rows.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
-        print(f"| {when} | {side} | " + " | ".join(str(v) for v in row) + " |")
+    for (name, when, side), row in sorted(rows.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2])):
+        print(f"| {name} | {when} | {side} | " + " | ".join(str(v) for v in row) + " |")
 
 
 def main(directory: str) -> int:

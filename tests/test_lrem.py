@@ -114,7 +114,7 @@ def test_the_committed_runs_are_the_findings_table() -> None:
     expectations and each expectation can fail; with one, reliable-noid meets reliable-ids' and not its own."""
     sc = scenario.load(str(ROOT / "scenarios" / "lrem-identical.toml"))
     by_batch: dict[int, list[DesignRun]] = {}
-    for path in sorted(OUT.glob("*.json")):
+    for path in sorted(OUT.glob("*-lrem-identical-*.json")):
         result = store.load(str(path))
         assert result.scenario["name"] == "lrem-identical"
         by_batch.setdefault(int(result.scenario["batch_size"]), []).extend(result.runs)

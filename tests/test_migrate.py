@@ -5,6 +5,7 @@ migrate and migrate-early-stop scenarios' crash runs, whose expectations each fi
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,10 +13,15 @@ import redis
 
 from crashbench import faults, scenario
 from crashbench.designs.migrating import MigratingQueue, on_stream
-from crashbench.faults.migrate import events, list_side_empty
-from crashbench.model.queue import SLOT_ENV, DesignSettings, Job
+from crashbench.evidence.checker import History, Section, Sections
+from crashbench.faults.migrate import _migrate, events, list_side_empty
+from crashbench.jobids import JobIds
+from crashbench.model.executions import Execution, Executions
+from crashbench.model.queue import SLOT_ENV, DesignSettings, Job, Located
 from crashbench.model.results import DesignRun
+from crashbench.model.spec import Scenario
 from crashbench.model.thresholds import evaluate
+from crashbench.model.timeline import FaultEvent
 from crashbench.report import html
 from crashbench.run.session import Options, run_designs
 from crashbench.scenario import ScenarioError, parse
@@ -87,9 +93,13 @@ def test_every_problem_of_a_migrate_entry_is_named() -> None:
     assert "migrate needs at least 2 workers" in problems({}, workload={"workers": 1, "produce": "during"})
     assert 'migrate needs workload.produce = "during"' in problems({}, workload={"workers": 2})
     assert "unknown key 'slot' for migrate" in problems({"slot": 1})
+    assert "migrate entry 1: stop_when must be empty or llen, not 'never'" in problems({"stop_when": "never"})
+    assert "stop_after (a time) and stop_when (a reading) exclude each other" in problems(
+        {"stop_when": "llen", "stop_after": 1}
+    )
     ok = {"faults": [{"kind": "migrate", "at": 2, "stop_after": 0.5}], "workload": {"workers": 2, "produce": "during"}}
     (f,) = faults.plan(parse(ok, "x.toml"))
-    assert (f.kind, f.at, f.stop_after) == ("migrate", 2.0, 0.5)
+    assert (f.kind, f.at, f.stop_after, f.stop_when) == ("migrate", 2.0, 0.5, "empty")
 
 
 def _failing(sc: scenario.Scenario, run: DesignRun) -> list[str]:
@@ -145,7 +155,7 @@ def test_the_migrate_scenarios_meet_their_expectations(valkey_url: str, tmp_path
     assert_each_can_fail(early_sc, [early])
 
 
-@pytest.mark.parametrize("name", ["migrate", "migrate-early-stop"])
+@pytest.mark.parametrize("name", ["migrate", "migrate-early-stop", "migrate-llen"])
 def test_the_committed_runs_meet_their_scenario(name: str) -> None:
     """The findings' runs (make list-to-stream): each meets its scenario's expectations, each of which can fail."""
     sc = scenario.load(str(ROOT / "scenarios" / f"{name}.toml"))
@@ -153,3 +163,46 @@ def test_the_committed_runs_meet_their_scenario(name: str) -> None:
     assert [r.seed for r in runs] == [1, 2, 3]
     assert [(r.seed, _failing(sc, r)) for r in runs] == [(r.seed, []) for r in runs]
     assert_each_can_fail(sc, runs)
+
+
+@pytest.mark.slow
+def test_llen_alone_strands_the_job_a_dead_list_worker_held(valkey_url: str, tmp_path: Path) -> None:
+    """The guide's condition as written (LLEN jobs == 0) stops the list workers while each killed one's job
+    waits for the reaper in its processing list: one job stranded on the list per kill. The default end
+    condition, which reads the processing lists too, waits for them: nothing stranded."""
+    sc, llen = _run("migrate-llen", valkey_url, tmp_path / "llen")
+    assert _failing(sc, llen) == [] and llen.counts.stranded == llen.counts.kills == 2
+    _sides_are_kept(llen)
+    entries = tuple({k: v for k, v in e.items() if k != "stop_when"} for e in sc.faults.schedule)
+    full = run_designs(sc.replace(schedule=entries), ["migrating"], Options(redis_url=valkey_url)).runs[0]
+    assert full.problems == [] and (full.counts.stranded, full.counts.lost, full.counts.duplicated) == (0, 0, 0)
+    assert full.counts.done == full.counts.enqueued and full.counts.list_drained == 1
+    assert _failing(sc, full) == ["list_drained == 0", "stranded == kills_mid_job"]
+
+
+def test_the_checker_splits_each_outcome_by_structure() -> None:
+    # Six jobs, the first three enqueued before the flip (the list's). The outcomes checker's classes say
+    # 000001 and 000004 lost, 000002 and 000005 stranded (000002 found on the list, 000005 in the stream's
+    # PEL); the ledger has 000000 and 000003 completed twice. Every split count fires on its own job.
+    flip = FaultEvent("migrate", "flip", 1.0, {"to_list": 3})
+    tl = SimpleNamespace(
+        fault_events=[flip, FaultEvent("migrate", "drained", 1.5, {"after_ms": 500}),
+                      FaultEvent("migrate", "stop", 1.5, {}), FaultEvent("migrate", "sigterm", 1.5, {"slot": 0})],
+        ids=JobIds(range(6)),
+        located=Located(held={"000002": ["list:pending"], "000005": ["pel:w3"]}),
+    )  # fmt: skip
+    runs = Executions.of(
+        [Execution("000000", "w0", 0.1, 0.2), Execution("000000", "w2", 0.3, 0.4), Execution("000003", "w1", 1.1, 1.2),
+         Execution("000003", "w3", 1.3, 1.4), Execution("000001", "w0", 0.5)]
+    )  # fmt: skip
+    before = Sections(outcomes=Section("outcomes", facts={"classes": {"lost": {"000001", "000004"},
+                                                                     "stranded": {"000002", "000005"}}}))  # fmt: skip
+    counts = _migrate(History(tl, Scenario(), runs), before).counts  # type: ignore[arg-type]
+    assert counts == {
+        "migrations": 1, "enqueued_list": 3, "enqueued_stream": 3, "list_drained": 1, "list_drain_ms": 500,
+        "list_workers_stopped": 1, "lost_list": 1, "lost_stream": 1, "stranded_list": 1, "stranded_stream": 1,
+        "duplicated_list": 1, "duplicated_stream": 1,
+    }  # fmt: skip
+    # Without a flip (a run without the fault), the section sets nothing.
+    tl.fault_events = []
+    assert _migrate(History(tl, Scenario(), runs), before).counts == {}  # type: ignore[arg-type]

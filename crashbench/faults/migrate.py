@@ -8,9 +8,11 @@ producer's flag at `at`: every enqueue from then on goes to the stream, where th
 slots, deployed from the start and idle on an empty stream) take it, while the list workers (even slots)
 drain the list. The list workers are then stopped (SIGTERM: each finishes its job and hands back what it
 holds): by default once the harness reads the list side empty, the guide's end condition with no day to
-wait (the list, the delayed retries and every processing list, in one MULTI between two SCANs that agree,
-so that no job can move unseen between two reads); with `stop_after`, that long after the flip whatever
-the list still holds (stopping them too early). A list slot's worker started later (a kill's
+wait (`stop_when = "empty"`: the list, the delayed retries and every processing list, in one MULTI
+between two SCANs that agree, so that no job can move unseen between two reads); with `stop_when =
+"llen"`, once the list alone is (the guide's `LLEN jobs == 0`, which does not see a job in a dead
+worker's processing list that the reaper has yet to give back); with `stop_after`, that long after the
+flip whatever the list still holds (stopping them too early). A list slot's worker started later (a kill's
 replacement) is stopped as well. Worker kills of either kind are `[[faults]]` signal entries beside it.
 
 Where each job went is exact without asking the design: the producer and the flip run in the harness's
@@ -30,13 +32,15 @@ from crashbench.model.faults import Fault, MigrateFault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline, rel
 
-KEYS = ("kind", "at", "stop_after")
+KEYS = ("kind", "at", "stop_after", "stop_when")
+STOP_WHEN = ("empty", "llen")
 DESIGN = "migrating"
 
 
 def plan(entry: Entry, start: int, sc: Scenario, rng: Any) -> list[Fault]:
     """One migration per entry; nothing drawn from the seed."""
-    return [MigrateFault(start, float(entry.get("at", 1.0)), stop_after=float(entry.get("stop_after", -1.0)))]
+    stop_after, stop_when = float(entry.get("stop_after", -1.0)), str(entry.get("stop_when", "empty"))
+    return [MigrateFault(start, float(entry.get("at", 1.0)), stop_after=stop_after, stop_when=stop_when)]
 
 
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
@@ -45,6 +49,10 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
         v = entry.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10**9):
             p.append(f"{where}: {key} must be a number of seconds from 0, not {v!r}")
+    if entry.get("stop_when", "empty") not in STOP_WHEN:
+        p.append(f"{where}: stop_when must be empty or llen, not {entry.get('stop_when')!r}")
+    if "stop_when" in entry and "stop_after" in entry:
+        p.append(f"{where}: stop_after (a time) and stop_when (a reading) exclude each other")
     return p
 
 
@@ -116,14 +124,17 @@ class Migration:
             early = self.fault.stop_after >= 0
             if early and now < self.flipped_at + self.fault.stop_after:
                 return
+            llen = self.fault.stop_when == "llen"
+            if llen and not early and self.run.raw.llen(self.run.prefix + LIST + "pending"):
+                return
             empty = list_side_empty(self.run.raw, self.run.prefix)
             if empty:
                 t = self.clock()
                 self._event("drained", t, after_ms=round((t - self.flipped_at) * 1000))
-            elif not early:
+            elif not early and not llen:
                 return
             self.stopped_at = self.clock()
-            self._event("stop", self.stopped_at, early=early, empty=empty)
+            self._event("stop", self.stopped_at, early=early, when=self.fault.stop_when, empty=empty)
         self._stop_list_workers()
 
     def _stop_list_workers(self) -> None:
