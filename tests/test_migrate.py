@@ -13,6 +13,7 @@ import redis
 
 from crashbench import faults, scenario
 from crashbench.designs.migrating import MigratingQueue, on_stream
+from crashbench.errors import UsageError
 from crashbench.evidence.checker import History, Section, Sections
 from crashbench.faults.migrate import _migrate, events, list_side_empty
 from crashbench.jobids import JobIds
@@ -100,6 +101,12 @@ def test_every_problem_of_a_migrate_entry_is_named() -> None:
     ok = {"faults": [{"kind": "migrate", "at": 2, "stop_after": 0.5}], "workload": {"workers": 2, "produce": "during"}}
     (f,) = faults.plan(parse(ok, "x.toml"))
     assert (f.kind, f.at, f.stop_after, f.stop_when) == ("migrate", 2.0, 0.5, "empty")
+
+
+def test_a_migration_of_another_design_is_refused_before_its_flip(valkey_url: str) -> None:
+    sc = scenario.load(str(ROOT / "scenarios" / "migrate-early-stop.toml"))
+    with pytest.raises(UsageError, match="the migrate fault needs the migrating design, not reliable"):
+        run_designs(sc, ["reliable"], Options(redis_url=valkey_url))
 
 
 def _failing(sc: scenario.Scenario, run: DesignRun) -> list[str]:

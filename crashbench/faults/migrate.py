@@ -22,10 +22,12 @@ where the harness found the job, and gives the list's drain time from the flip."
 
 from __future__ import annotations
 
+import random
 import signal
 from typing import Any
 
 from crashbench.designs.migrating import FLAG, LIST, MigratingQueue, on_stream
+from crashbench.errors import UsageError
 from crashbench.evidence.checker import History, Section, Sections, checker
 from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun, Mark
 from crashbench.model.faults import Fault, MigrateFault
@@ -37,7 +39,7 @@ STOP_WHEN = ("empty", "llen")
 DESIGN = "migrating"
 
 
-def plan(entry: Entry, start: int, sc: Scenario, rng: Any) -> list[Fault]:
+def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fault]:
     """One migration per entry; nothing drawn from the seed."""
     stop_after, stop_when = float(entry.get("stop_after", -1.0)), str(entry.get("stop_when", "empty"))
     return [MigrateFault(start, float(entry.get("at", 1.0)), stop_after=stop_after, stop_when=stop_when)]
@@ -114,8 +116,6 @@ class Migration:
         if self.flipped_at is None:
             if now >= self.t0 + self.fault.at:
                 sent = self.run.producer.next if self.run.producer is not None else 0
-                if not isinstance(design, MigratingQueue):  # combinations() refuses this for a scenario's designs
-                    raise TypeError(f"the migrate fault needs the {DESIGN} design, not {design.name}")
                 design.flip()
                 self.flipped_at = self.clock()
                 self._event("flip", self.flipped_at, to_list=sent, flag=design.key(FLAG))
@@ -147,7 +147,12 @@ class Migration:
 
 def driver(run: FaultRun) -> Driver | None:
     fault = next((f for f in run.planned if isinstance(f, MigrateFault)), None)
-    return None if fault is None else Migration(fault, run)
+    if fault is None:
+        return None
+    design = run.design_cls  # type: ignore[attr-defined]
+    if not issubclass(design, MigratingQueue):  # a --designs given on the command line, past combinations()
+        raise UsageError(f"the migrate fault needs the {DESIGN} design, not {design.name or design.__name__}")
+    return Migration(fault, run)
 
 
 def history(d: Driver) -> dict[str, Any]:
