@@ -40,6 +40,7 @@ Keys (all under the run prefix P), reliable's:
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -145,6 +146,6 @@ class ReliableNoId(ReliableIds):
         return bool(self._ack_bare(keys=[self.key("processing", worker)], args=[job.receipt]))
 
     def fail(self, worker: str, job: Job, now: float) -> None:
-        due = now + self.settings.retry_delay(job.attempt, 0.5)
+        due = now + self.settings.retry_delay(job.attempt, random.random())
         keys = [self.key("processing", worker), self.key("delayed"), self.key("dead"), self.key("poisoned")]
         self._fail_bare(keys=[*keys, self.key("stats")], args=[job.receipt, repr(due), self.settings.max_attempts])

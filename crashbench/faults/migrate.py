@@ -13,7 +13,9 @@ between two SCANs that agree, so that no job can move unseen between two reads);
 "llen"`, once the list alone is (the guide's `LLEN jobs == 0`, which does not see a job in a dead
 worker's processing list that the reaper has yet to give back); with `stop_after`, that long after the
 flip whatever the list still holds (stopping them too early). A list slot's worker started later (a kill's
-replacement) is stopped as well. Worker kills of either kind are `[[faults]]` signal entries beside it.
+replacement) is stopped as well, while the run's fault phase lasts (to its last fault and enqueue): a kill aimed at
+a list slot after that would bring a list worker back. Worker kills of either kind are `[[faults]]` signal
+entries beside it.
 
 Where each job went is exact without asking the design: the producer and the flip run in the harness's
 one loop, so the jobs enqueued before the flip (the first `to_list` ids, which the flip event records)
