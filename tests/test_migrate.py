@@ -94,13 +94,16 @@ def test_every_problem_of_a_migrate_entry_is_named() -> None:
     assert "migrate needs at least 2 workers" in problems({}, workload={"workers": 1, "produce": "during"})
     assert 'migrate needs workload.produce = "during"' in problems({}, workload={"workers": 2})
     assert "unknown key 'slot' for migrate" in problems({"slot": 1})
+    assert "after_jobs must be a number of jobs from 0 to 2000, not 2001" in problems({"after_jobs": 2001})
+    drained = {"faults": [{"kind": "migrate"}, {"slot": 1, "at": 0, "after": "drained", "kill_when": "any"}]}
+    assert "a signal timed from the drain would find the list workers stopped" in problems({}, **drained)
     assert "migrate entry 1: stop_when must be empty or llen, not 'never'" in problems({"stop_when": "never"})
     assert "stop_after (a time) and stop_when (a reading) exclude each other" in problems(
         {"stop_when": "llen", "stop_after": 1}
     )
     ok = {"faults": [{"kind": "migrate", "at": 2, "stop_after": 0.5}], "workload": {"workers": 2, "produce": "during"}}
     (f,) = faults.plan(parse(ok, "x.toml"))
-    assert (f.kind, f.at, f.stop_after, f.stop_when) == ("migrate", 2.0, 0.5, "empty")
+    assert (f.kind, f.at, f.stop_after, f.stop_when, f.after_jobs) == ("migrate", 2.0, 0.5, "empty", 0)
 
 
 def test_a_migration_of_another_design_is_refused_before_its_flip(valkey_url: str) -> None:
@@ -152,10 +155,13 @@ def test_the_migrate_scenarios_meet_their_expectations(valkey_url: str, tmp_path
     assert tl is not None
     (flip,), (drained,), (stop,) = events(tl, "flip"), events(tl, "drained"), events(tl, "stop")
     assert flip.t < drained.t <= stop.t and full.counts.list_drain_ms == round((drained.t - flip.t) * 1000)
-    # Each scenario's expectations fire on the other's run: the early stop strands the list's backlog,
-    # undrained, and never sees it empty; the full run strands nothing.
-    assert _failing(full_sc, early) == ["list_drained == 1", "list_drain_ms > 0", "done == enqueued", "stranded == 0"]
-    assert _failing(early_sc, full) == ["list_drained == 0", "stranded > 0"]
+    # Each scenario's expectations fire on the other's run: the flip's place (600 jobs against 400), the
+    # early stop's stranded backlog, the list never seen empty; the full run strands nothing.
+    assert _failing(full_sc, early) == [
+        "enqueued_list == 600", "enqueued_stream == 900", "list_drained == 1", "list_drain_ms > 0",
+        "done == enqueued", "stranded == 0",
+    ]  # fmt: skip
+    assert _failing(early_sc, full) == ["enqueued_list == 400", "list_drained == 0", "stranded > 0"]
     assert early.counts.stranded_list == early.counts.stranded > 0
     assert early.counts.stranded_at == {"list": early.counts.stranded}  # where the core's count puts them too
     assert_each_can_fail(full_sc, [full])

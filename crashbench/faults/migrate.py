@@ -4,18 +4,19 @@ workers drain the remaining list backlog … After the flag is fully on and LLEN
 remove list workers.").
 
 Its `[[faults]]` entry (`kind = "migrate"`, design `migrating`: crashbench.designs.migrating) flips the
-producer's flag at `at`: every enqueue from then on goes to the stream, where the stream workers (odd
-slots, deployed from the start and idle on an empty stream) take it, while the list workers (even slots)
-drain the list. The list workers are then stopped (SIGTERM: each finishes its job and hands back what it
-holds): by default once the harness reads the list side empty, the guide's end condition with no day to
-wait (`stop_when = "empty"`: the list, the delayed retries and every processing list, in one MULTI
-between two SCANs that agree, so that no job can move unseen between two reads); with `stop_when =
-"llen"`, once the list alone is (the guide's `LLEN jobs == 0`, which does not see a job in a dead
-worker's processing list that the reaper has yet to give back); with `stop_after`, that long after the
+producer's flag at `at`, and not before the producer has enqueued `after_jobs` jobs (a flip placed by the
+jobs, so that the list gets exactly that many whatever the machine's speed): every enqueue from then on goes
+to the stream, where the stream workers (odd slots, deployed from the start and idle on an empty stream) take
+it, while the list workers (even slots) drain the list. The list workers are then stopped (SIGTERM: each
+finishes its job and hands back what it holds): by default once the harness reads the list side empty, the
+guide's end condition with no day to wait (`stop_when = "empty"`: the list, the delayed retries and every
+processing list, in one MULTI between two SCANs that agree, so that no job can move unseen between two reads);
+with `stop_when = "llen"`, once the list alone is (the guide's `LLEN jobs == 0`, which does not see a job in a
+dead worker's processing list that the reaper has yet to give back); with `stop_after`, that long after the
 flip whatever the list still holds (stopping them too early). A list slot's worker started later (a kill's
-replacement) is stopped as well, while the run's fault phase lasts (to its last fault and enqueue): a kill aimed at
-a list slot after that would bring a list worker back. Worker kills of either kind are `[[faults]]` signal
-entries beside it.
+replacement) is stopped as well, while the run's fault phase lasts (to its last fault and enqueue); the stop
+itself waits for every worker fault planned for a list slot to have fired, so that each finds a list worker to
+hit. Worker kills of either kind are `[[faults]]` signal entries beside it.
 
 Where each job went is exact without asking the design: the producer and the flip run in the harness's
 one loop, so the jobs enqueued before the flip (the first `to_list` ids, which the flip event records)
@@ -36,7 +37,7 @@ from crashbench.model.faults import Fault, MigrateFault
 from crashbench.model.spec import Scenario
 from crashbench.model.timeline import FaultEvent, Timeline, rel
 
-KEYS = ("kind", "at", "stop_after", "stop_when")
+KEYS = ("kind", "at", "after_jobs", "stop_after", "stop_when")
 STOP_WHEN = ("empty", "llen")
 DESIGN = "migrating"
 
@@ -44,7 +45,10 @@ DESIGN = "migrating"
 def plan(entry: Entry, start: int, sc: Scenario, rng: random.Random) -> list[Fault]:
     """One migration per entry; nothing drawn from the seed."""
     stop_after, stop_when = float(entry.get("stop_after", -1.0)), str(entry.get("stop_when", "empty"))
-    return [MigrateFault(start, float(entry.get("at", 1.0)), stop_after=stop_after, stop_when=stop_when)]
+    return [
+        MigrateFault(start, float(entry.get("at", 1.0)), stop_after=stop_after, stop_when=stop_when,
+                     after_jobs=int(entry.get("after_jobs", 0)))
+    ]  # fmt: skip
 
 
 def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
@@ -53,6 +57,9 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
         v = entry.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10**9):
             p.append(f"{where}: {key} must be a number of seconds from 0, not {v!r}")
+    n_jobs = entry.get("after_jobs", 0)
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not 0 <= n_jobs <= sc.workload.jobs:
+        p.append(f"{where}: after_jobs must be a number of jobs from 0 to {sc.workload.jobs}, not {n_jobs!r}")
     if entry.get("stop_when", "empty") not in STOP_WHEN:
         p.append(f"{where}: stop_when must be empty or llen, not {entry.get('stop_when')!r}")
     if "stop_when" in entry and "stop_after" in entry:
@@ -71,6 +78,8 @@ def combinations(sc: Scenario) -> list[str]:
         p.append(f"[[faults]] migrate needs the {DESIGN} design alone, not {', '.join(sc.run.designs)}")
     if sc.workload.workers < 2:
         p.append("[[faults]] migrate needs at least 2 workers: a list worker (even slot) and a stream worker (odd)")
+    if any(e.get("after") == "drained" for e in sc.faults.schedule if e.get("kind", "signal") == "signal"):
+        p.append("[[faults]] migrate: a signal timed from the drain would find the list workers stopped")
     if sc.workload.produce != "during":
         p.append('[[faults]] migrate needs workload.produce = "during": the flip moves the producer while it runs')
     return p
@@ -116,8 +125,8 @@ class Migration:
     def step(self, now: float) -> None:
         design = self.run.design
         if self.flipped_at is None:
-            if now >= self.t0 + self.fault.at:
-                sent = self.run.producer.next if self.run.producer is not None else 0
+            sent = self.run.producer.next if self.run.producer is not None else 0
+            if now >= self.t0 + self.fault.at and sent >= self.fault.after_jobs:
                 design.flip()
                 self.flipped_at = self.clock()
                 self._event("flip", self.flipped_at, to_list=sent, flag=design.key(FLAG))
@@ -125,6 +134,8 @@ class Migration:
         if self.stopped_at is None:
             early = self.fault.stop_after >= 0
             if early and now < self.flipped_at + self.fault.stop_after:
+                return
+            if self._list_faults_due():
                 return
             llen = self.fault.stop_when == "llen"
             if llen and not early and self.run.raw.llen(self.run.prefix + LIST + "pending"):
@@ -138,6 +149,12 @@ class Migration:
             self.stopped_at = self.clock()
             self._event("stop", self.stopped_at, early=early, when=self.fault.stop_when, empty=empty)
         self._stop_list_workers()
+
+    def _list_faults_due(self) -> bool:
+        """Whether a worker fault aimed at a list slot is yet to fire: the stop waits for it, since a fault
+        planned for a list worker needs one there (a stopped slot has none to hit)."""
+        pending = getattr(self.run, "worker_faults", None)
+        return pending is not None and any(not on_stream(f.slot) for f in pending.queue)
 
     def _stop_list_workers(self) -> None:
         for slot, w in sorted(self.sup.slots.items()):

@@ -95,12 +95,14 @@ class DeployFault(Fault):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MigrateFault(Fault):
     """A migration from the list queue to the stream (crashbench.faults.migrate): the producer's flag flipped
-    at `at`; the list workers stopped `stop_after` s later, or (-1) once the harness reads the list side
-    empty (`stop_when` "empty": the list, its delayed retries and every processing list; "llen": the list alone)."""
+    at `at`, once the producer has enqueued `after_jobs` jobs; the list workers stopped `stop_after` s later, or
+    (-1) once the harness reads the list side empty (`stop_when` "empty": the list, its delayed retries and every
+    processing list; "llen": the list alone)."""
 
     kind: str = "migrate"
     stop_after: float = -1.0
     stop_when: str = "empty"
+    after_jobs: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
