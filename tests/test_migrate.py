@@ -4,6 +4,7 @@ migrate and migrate-early-stop scenarios' crash runs, whose expectations each fi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -219,3 +220,15 @@ def test_the_checker_splits_each_outcome_by_structure() -> None:
     # Without a flip (a run without the fault), the section sets nothing.
     tl.fault_events = []
     assert _migrate(History(tl, Scenario(), runs), before).counts == {}  # type: ignore[arg-type]
+
+
+def test_a_migrate_entry_of_any_shape_is_a_scenario_error_never_a_traceback() -> None:
+    weird: list[Any] = [None, [], {}, "x", -1, 1e20, True, [1], 10**30]
+    workloads: list[dict[str, Any]] = [{"workers": 4, "produce": "during"}, {"workers": "x", "jobs": "y"}, {}]
+    for key in ("at", "after_jobs", "stop_after", "stop_when"):
+        for value in weird:
+            for workload in workloads:
+                for run in ({}, {"designs": "migrating"}, {"designs": [1]}):
+                    doc = {"faults": [{"kind": "migrate", key: value}], "workload": workload, "run": run}
+                    with contextlib.suppress(ScenarioError):  # anything else (a TypeError) fails the test
+                        parse(doc, "x.toml")

@@ -57,9 +57,10 @@ def problems(entry: Entry, n: int, sc: Scenario) -> list[str]:
         v = entry.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10**9):
             p.append(f"{where}: {key} must be a number of seconds from 0, not {v!r}")
-    n_jobs = entry.get("after_jobs", 0)
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not 0 <= n_jobs <= sc.workload.jobs:
-        p.append(f"{where}: after_jobs must be a number of jobs from 0 to {sc.workload.jobs}, not {n_jobs!r}")
+    n_jobs, jobs = entry.get("after_jobs", 0), sc.workload.jobs
+    bound = jobs if isinstance(jobs, int) and not isinstance(jobs, bool) else 10**9
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not 0 <= n_jobs <= bound:
+        p.append(f"{where}: after_jobs must be a number of jobs from 0 to {bound}, not {n_jobs!r}")
     if entry.get("stop_when", "empty") not in STOP_WHEN:
         p.append(f"{where}: stop_when must be empty or llen, not {entry.get('stop_when')!r}")
     if "stop_when" in entry and "stop_after" in entry:
@@ -74,9 +75,10 @@ def combinations(sc: Scenario) -> list[str]:
     p = []
     if len(entries) > 1:
         p.append("[[faults]] migrate: one migration per run, not " + str(len(entries)))
-    if sc.run.designs and set(sc.run.designs) != {DESIGN}:
-        p.append(f"[[faults]] migrate needs the {DESIGN} design alone, not {', '.join(sc.run.designs)}")
-    if sc.workload.workers < 2:
+    designs, workers = sc.run.designs, sc.workload.workers  # their own types are checked elsewhere
+    if isinstance(designs, tuple) and designs and set(designs) != {DESIGN}:
+        p.append(f"[[faults]] migrate needs the {DESIGN} design alone, not {', '.join(map(str, designs))}")
+    if isinstance(workers, int) and workers < 2:
         p.append("[[faults]] migrate needs at least 2 workers: a list worker (even slot) and a stream worker (odd)")
     if any(e.get("after") == "drained" for e in sc.faults.schedule if e.get("kind", "signal") == "signal"):
         p.append("[[faults]] migrate: a signal timed from the drain would find the list workers stopped")
