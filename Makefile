@@ -9,7 +9,7 @@ ARQ_STAMP := $(VENV)/arq/.installed
 # arq and saq pin redis-py < 8: their workers run under the interpreter of .venv/arq, every other design's here
 WP_ARGS := --worker-python arq=$(ARQ_PY) --worker-python saq=$(ARQ_PY)
 
-.PHONY: hosts ssh-restart clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers plugin-overhead lazyfs-cost proxy-cost clean
+.PHONY: hosts ssh-restart clocks app-example celery-pools deploy-libraries library-scenarios library-reports sentinel sentinel-partition sentinel-libraries power compare reference test test-fast system-deps lint bench bench-scale saboteurs scenarios inspector-cost bench-interrupt libraries libraries-cluster network cluster-faults report-screenshot stream-trim stream-consumers list-to-stream plugin-overhead lazyfs-cost proxy-cost clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -164,6 +164,18 @@ stream-consumers: $(STAMP)  ## docs/findings/stream-consumers.md's tables (recov
 	  PYTHONPATH=tests $(BIN)/crashbench compare --designs designs_consumers:StreamKeepsConsumers,stream,stream-reuse \
 	    --kills $$k --interval 0.2 --repeat 3 --plain --out results/readme/stream-consumers || [ $$? -eq 1 ]; done
 	$(BIN)/python lab/stream_consumers.py results/readme/stream-consumers
+
+# docs/findings/list-to-stream.md's tables (about 3 minutes): LREM by value, reliable-ids against reliable-noid with
+# two jobs per worker's list and with one; the migration from the list to the stream, and stopped too early (3 seeds each).
+list-to-stream: $(STAMP)  ## docs/findings/list-to-stream.md's tables (LREM by value; a live list-to-stream migration)
+	rm -rf results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/lrem-identical.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/lrem-identical.toml --batch-size 1 --repeat 3 --plain \
+	  --out results/readme/list-to-stream || [ $$? -eq 1 ]  # noid meets ids' figures there: its lost > 0 fails
+	$(BIN)/crashbench compare -s scenarios/migrate.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/migrate-early-stop.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/crashbench compare -s scenarios/migrate-llen.toml --repeat 3 --plain --out results/readme/list-to-stream
+	$(BIN)/python lab/list_to_stream.py results/readme/list-to-stream
 
 # docs/tutorial-your-app.md's table: examples/orders' naive and idempotent order task under each library's adapter,
 # 200 jobs, 3 mid-job SIGKILLs, the user's own check (about 5 minutes: rq:reliable retries a killed job after ~61 s).

@@ -80,5 +80,5 @@ def test_the_run_s_checkers_give_the_saved_run_s_counts_again() -> None:
     assert again.counts == result.runs[0].counts and again.problems == result.runs[0].problems
     assert [c.name for c in registry.checkers()] == [
         "signals", "evidence", "outcomes", "requeues", "trim", "recovery", "effects", "delays", "liveness", "broker",
-        "deploy", "eviction", "split_brain", "failover", "power", "hosts",
+        "deploy", "migrate", "eviction", "split_brain", "failover", "power", "hosts",
     ]  # fmt: skip

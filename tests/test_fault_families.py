@@ -29,6 +29,7 @@ def test_every_kind_has_one_family_and_every_family_takes_a_kind() -> None:
         "broker",
         "cluster",
         "deploy",
+        "migrate",
         "eviction",
         "sentinel",
         "power",

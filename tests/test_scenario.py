@@ -299,7 +299,7 @@ def test_a_faults_array_plans_a_mixed_schedule_in_order_of_start() -> None:
         (
             'kind = "meteor"',
             "kind must be signal, network, broker-kill, failover, cluster-kill, cluster-failover, "
-            "cluster-failover-force, cluster-takeover, cluster-partition, deploy, eviction, sentinel-kill, "
+            "cluster-failover-force, cluster-takeover, cluster-partition, deploy, migrate, eviction, sentinel-kill, "
             "sentinel-quorum, sentinel-partition, power-loss, clock, hosts, host-crash, host-pause, "
             "host-partition, not 'meteor'",
         ),

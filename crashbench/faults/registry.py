@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from crashbench.evidence import tally
 from crashbench.evidence.checker import Checker
-from crashbench.faults import clock, deploy, eviction, hosts, network, power, sentinel, servers, signals
+from crashbench.faults import clock, deploy, eviction, hosts, migrate, network, power, sentinel, servers, signals
 from crashbench.faults.family import Entry, FaultFamily
 
 FAMILIES: tuple[FaultFamily, ...] = (
@@ -14,6 +14,7 @@ FAMILIES: tuple[FaultFamily, ...] = (
     servers.BROKER,
     servers.CLUSTER,
     deploy.FAMILY,
+    migrate.FAMILY,
     eviction.FAMILY,
     sentinel.FAMILY,
     power.FAMILY,

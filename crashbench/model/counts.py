@@ -107,6 +107,20 @@ class Counts:
     deploy_killed: int = 0  # ... still alive when their grace ended: their tree SIGKILLed
     deploy_interrupted: int = 0  # jobs started in a worker a rollout stopped that never ended there (its final ledger)
     deploy_lost: int = 0  # ... of which lost: what the rollouts cost (per rollout: deploy_lost / rollouts)
+    # migrations from the list queue to the stream (crashbench.faults.migrate, design migrating)
+    migrations: int = 0  # flips of the producer's flag from the list to the stream
+    enqueued_list: int = 0  # jobs enqueued before the flip: onto the list
+    enqueued_stream: int = 0  # ... after it: onto the stream
+    # 1 when the harness read the list side empty (pending, delayed, every processing list) after the flip
+    list_drained: int = 0
+    list_drain_ms: int = 0  # ms from the flip to that reading (0: never read empty before the list workers stopped)
+    list_workers_stopped: int = 0  # list workers the migration stopped (SIGTERM), drained or not
+    lost_list: int = 0  # lost jobs enqueued onto the list
+    lost_stream: int = 0  # ... onto the stream
+    stranded_list: int = 0  # stranded jobs the harness found in the list side's keys
+    stranded_stream: int = 0  # ... in the stream side's
+    duplicated_list: int = 0  # duplicated jobs enqueued onto the list
+    duplicated_stream: int = 0  # ... onto the stream
     # hosts (crashbench.faults.hosts): a network and PID namespace each, with its worker slots
     host_crashes: int = 0  # host crashes made: a host's init SIGKILLed, every process on it with it
     host_crash_workers: int = 0  # workers a host crash killed

@@ -93,6 +93,19 @@ class DeployFault(Fault):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MigrateFault(Fault):
+    """A migration from the list queue to the stream (crashbench.faults.migrate): the producer's flag flipped
+    at `at`, once the producer has enqueued `after_jobs` jobs; the list workers stopped `stop_after` s later, or
+    (-1) once the harness reads the list side empty (`stop_when` "empty": the list, its delayed retries and every
+    processing list; "llen": the list alone)."""
+
+    kind: str = "migrate"
+    stop_after: float = -1.0
+    stop_when: str = "empty"
+    after_jobs: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostFault(Fault):
     """A fault of one host, a network and PID namespace with its worker slots (crashbench.faults.hosts):
     host-crash (its init SIGKILLed, every worker on it with it; rebooted `duration` s later), host-pause
@@ -105,7 +118,8 @@ class HostFault(Fault):
 
 
 HOST_KINDS = ("host-crash", "host-pause", "host-partition")
-FaultSpec = Fault | SignalFault | NetworkFault | DeployFault | HostFault  # a planned fault, of whichever family
+# a planned fault, of whichever family
+FaultSpec = Fault | SignalFault | NetworkFault | DeployFault | MigrateFault | HostFault
 
 # How a planned fault was written before the union (every kind's fields, in this order): results and
 # timelines keep this shape, so files written before and after read alike, and stay comparable.
@@ -126,7 +140,9 @@ def fault_class(kind: str) -> type[Fault]:
     """The record a planned fault of this kind is."""
     if kind in HOST_KINDS:
         return HostFault
-    return {"signal": SignalFault, "network": NetworkFault, "deploy": DeployFault}.get(kind, Fault)
+    return {"signal": SignalFault, "network": NetworkFault, "deploy": DeployFault, "migrate": MigrateFault}.get(
+        kind, Fault
+    )
 
 
 def fault_of(data: dict[str, Any]) -> Fault:
