@@ -64,6 +64,10 @@ NOT_IN_THESE_RUNS = (
     # no hosts: tests/test_hosts.py reads each crashed host's workers' ledgers itself
     "host_crashes", "host_crash_workers", "host_crash_interrupted", "host_crash_rerun", "host_crash_lost",
     "host_pauses", "host_partitions",
+    # no migration: tests/test_migrate.py reads both structures and each worker's ledger itself
+    "migrations", "enqueued_list", "enqueued_stream", "lost_list", "lost_stream", "stranded_list",
+    "stranded_stream", "duplicated_list", "duplicated_stream", "list_drained", "list_drain_ms",
+    "list_workers_stopped",
 )  # fmt: skip
 
 
