@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from crashbench.designs import DesignSettings, Job
-from crashbench.designs.reliable import ReliableQueue
+from crashbench.designs.reliable import FAIL, ReliableQueue
 from crashbench.jobids import plain
 
 if TYPE_CHECKING:
@@ -66,23 +66,10 @@ if n == 0 then return false end
 return redis.call('LINDEX', KEYS[2], -1)
 """
 
-# KEYS: processing; ARGV: the acked job's stored value. LREM by value, blind to the id: the first element
-# from the head with the same payload and attempts goes. Answers 1, or 0 when none matched.
-ACK_BARE = """
-local want = cjson.decode(ARGV[1])
-for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  local job = cjson.decode(raw)
-  if job.payload == want.payload and job.attempts == want.attempts then
-    return redis.call('LREM', KEYS[1], 1, raw)
-  end
-end
-return 0
-"""
-
-# KEYS: processing, delayed, dead, poisoned, stats; ARGV: the failed job's stored value, due time,
-# max_attempts. reliable's FAIL, removing by the bare value as ACK_BARE does: the element it removes
-# (perhaps another job's copy) is the one retried later or dead-lettered.
-FAIL_BARE = """
+# The bare match, before ACK_BARE's and FAIL_BARE's own work. KEYS[1]: processing; ARGV[1]: the job's stored
+# value, replaced by the first element from the head with the same payload and attempts (blind to the id),
+# which may be another job's copy; the script answers 0 when none matches.
+FIND_BARE = """
 local want = cjson.decode(ARGV[1])
 local found = nil
 for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -90,18 +77,16 @@ for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
   if job.payload == want.payload and job.attempts == want.attempts then found = raw; break end
 end
 if not found then return 0 end
-redis.call('LREM', KEYS[1], 1, found)
-local job = cjson.decode(found)
-job.attempts = job.attempts + 1
-if job.attempts >= tonumber(ARGV[3]) then
-  redis.call('LPUSH', KEYS[3], cjson.encode(job))
-  redis.call('SADD', KEYS[4], job.id)
-  redis.call('HINCRBY', KEYS[5], 'dead_lettered', 1)
-  return 2
-end
-redis.call('ZADD', KEYS[2], ARGV[2], cjson.encode(job))
-return 1
+ARGV[1] = found
 """
+
+# KEYS: processing; ARGV: the acked job's stored value. LREM by value of the bare match. Answers 1, or 0.
+ACK_BARE = FIND_BARE + "return redis.call('LREM', KEYS[1], 1, ARGV[1])\n"
+
+# KEYS: processing, delayed, dead, poisoned, stats; ARGV: the failed job's stored value, due time,
+# max_attempts. reliable's FAIL on the bare match: the element it removes (perhaps another job's copy) is
+# the one retried later or dead-lettered.
+FAIL_BARE = FIND_BARE + FAIL
 
 
 def payload_of(job_id: str) -> str:
