@@ -21,6 +21,7 @@ If this process dies (crashbench with it), the connection closes; the remote wor
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crashbench.control.ssh import SshTarget, quote
+from crashbench.control.ssh import SshTarget, connect, quote
 
 POLL_S = 0.005  # how often the remote ledger is read
 PROBES = 5
@@ -52,7 +53,7 @@ class Stub:
     def __init__(self, slot: RemoteSlot, name: str, spec: str, url: str, ledger: Path, control: Path) -> None:
         self.slot, self.name, self.spec, self.url = slot, name, spec, url
         self.home = f"{slot.root}/{name}"
-        self.ledger, self.control = ledger, control
+        self.control = control
         self.out = os.open(ledger, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.offset, self.pos, self.rest = 0.0, 0, b""
         self.pid = 0
@@ -60,10 +61,6 @@ class Stub:
 
     async def main(self) -> tuple[int | None, int]:
         """(the signal the remote worker died of, or None; its exit code)."""
-        import asyncio
-
-        from crashbench.control.ssh import connect
-
         self.known = asyncio.Event()  # the remote worker's pid is known (or it never started)
         conn = await connect(self.slot.target)
         try:
@@ -87,8 +84,6 @@ class Stub:
                 self.control.unlink()
 
     async def _run(self) -> tuple[int | None, int]:
-        import asyncio
-
         t, zip_ = self.slot.target, f"{self.slot.root}/crashbench.zip"
         proc = await self.conn.create_process(
             f"cd {quote(self.home)} && exec env PYTHONPATH={quote(zip_)} "
@@ -170,8 +165,6 @@ class Stub:
             writer.close()
 
     async def _stopped(self) -> None:
-        import asyncio
-
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             try:
@@ -186,8 +179,6 @@ class Stub:
 
 def run(slot: RemoteSlot, name: str, spec: str, url: str, ledger: Path, control: Path) -> int:
     """The stub's body, in the forked process: ends as the remote worker ended."""
-    import asyncio
-
     signum, code = asyncio.run(Stub(slot, name, spec, url, ledger, control).main())
     if signum is not None:
         sys.stderr.flush()

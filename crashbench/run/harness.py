@@ -159,8 +159,8 @@ class Harness:
             return lambda: run_bare(wspec, name, out, parent, gate)
         path, spec_file, python = self.ledger.path_of(name), self.spec_file, self.python
         if (remote := workers.remote(slot)) is not None:
-            spec, real, control = wspec.to_json(self.spec), wspec.redis_url, self.dir / "logs" / f"{name}.sock"
-            return lambda: sshworker.run(remote, name, spec, real, path, control)
+            spec, real, control = wspec.to_json(self.spec), wspec.redis_url, self._control(name, slot)
+            return lambda: sshworker.run(remote, name, spec, real, path, control)  # type: ignore[arg-type]
         extra = {k: v.replace("{dir}", str(self.dir)) for k, v in workers.env(slot).items()}
         if extra:
             python = self.fresh

@@ -101,9 +101,7 @@ class RunNetwork:
 
     def remote(self, slot: int) -> RemoteSlot | None:
         """Where the slot's worker runs when it is on a host over SSH; None: here."""
-        from crashbench.faults.hosts.ssh import SshHosts
-
-        return self.hosts.remote(slot) if isinstance(self.hosts, SshHosts) else None
+        return self.hosts.remote(slot) if self.hosts is not None else None
 
     def pidns(self, slot: int) -> int | None:
         """The PID namespace of the slot's host, or None: the slot is on no host."""

@@ -44,6 +44,7 @@ import math
 import random
 from typing import Any
 
+from crashbench.control.ssh import SshTarget
 from crashbench.evidence.checker import History, Section, Sections, checker
 from crashbench.faults.family import Band, Driver, Entry, FaultFamily, FaultRun
 from crashbench.faults.hosts.inject import FAMILY as NAME
@@ -78,8 +79,6 @@ def ssh_settings(sc: Scenario) -> dict[str, Any] | None:
 
 
 def _ssh_problems(where: str, entry: Entry) -> list[str]:
-    from crashbench.control.ssh import SshTarget
-
     targets, hosts = entry.get("ssh"), entry.get("slots")
     if targets is None:
         return [f"{where}: {k} is for hosts over SSH: give ssh = [...] too" for k in SSH_KEYS[1:] if k in entry]

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crashbench.model.faults import Fault, HostFault
 from crashbench.model.timeline import FaultEvent, rel
+
+if TYPE_CHECKING:
+    from crashbench.faults.hosts.machine import Hosts
+    from crashbench.faults.hosts.ssh import SshHosts
 
 FAMILY = "hosts"
 
@@ -42,7 +46,7 @@ class HostFaults:
 
     def __init__(self, planned: list[Fault], run: Any) -> None:
         self.doing = [Doing(f) for f in planned if isinstance(f, HostFault)]
-        self.hosts: Any = run.net.hosts  # Hosts, or SshHosts (crashbench.faults.hosts.ssh)
+        self.hosts: Hosts | SshHosts = run.net.hosts
         self.sup, self.ledger, self.clock, self.t0 = run.sup, run.ledger, run.clock, run.t0
         self.events: list[FaultEvent] = []
 

@@ -151,6 +151,10 @@ class Hosts:
         h = self._of.get(slot)
         return h.place() if h is not None else None
 
+    def remote(self, slot: int) -> None:
+        """No slot's worker runs elsewhere: each is forked here into its host (SshHosts' run on theirs)."""
+        return None
+
     def worker_url(self, url: str, slot: int) -> str | None:
         h = self._of.get(slot)
         return self.net.worker_url(url, h.index) if h is not None else None

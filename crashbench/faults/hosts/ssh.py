@@ -18,7 +18,6 @@ a server crashbench starts is made to listen on it too.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -74,7 +73,11 @@ class SshHost:
         self._up = True  # its workers are started by the run (the driver spawns one per slot)
 
     def _signal(self, sig: str) -> None:
-        ssh.run(self.target, f"sh -c {quote(PIDS.format(sig=sig))} sh {quote(self.root)}")
+        ssh.run(self.target, self._every(sig))
+
+    def _every(self, sig: str) -> str:
+        """The command that sends `sig` to every worker process group of the run on the host."""
+        return f"sh -c {quote(PIDS.format(sig=sig))} sh {quote(self.root)}"
 
     def crash(self) -> None:
         self._signal("KILL")
@@ -113,12 +116,11 @@ class SshHost:
             self._cut = False
 
     def close(self) -> None:
+        """One command, one connection: its rules out (if cut), every worker left killed, its directory gone."""
         if self.root:
-            with contextlib.suppress(SshError):
-                self.heal()
-            self._signal("KILL")
-            ssh.run(self.target, f"rm -rf {quote(self.root)}")
-            self.root = ""
+            heal = f"{{ {self._rules('-D')}; }} 2>/dev/null; " if self._cut else ""
+            ssh.run(self.target, f"{heal}{self._every('KILL')}; rm -rf {quote(self.root)}")
+            self._cut, self.root = False, ""
 
 
 class SshHosts:
