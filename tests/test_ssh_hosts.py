@@ -44,11 +44,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshrig.Rig]:
 
 def on(rig: sshrig.Rig, *entries: dict[str, Any], **workload: Any) -> Scenario:
     """A worker over SSH takes most of a second to start, seconds on a loaded machine, and the first to
-    start runs jobs meanwhile: each run has work enough for the first three alone to take over 8 s, and its
+    start runs jobs meanwhile: each run has work enough for the first three alone to take over 13 s, and its
     host fault comes at 3 s (or as soon as all four are READY, if later), so every worker is inside a job
     then, and jobs are left for after it."""
     layout = {"kind": "hosts", "slots": [[0, 1], [2, 3]], **rig.settings()}
-    given = {"jobs": 100, "job_ms": 250, "workers": 4, "stale_after": 0.5, "recover_every": 0.05,
+    given = {"jobs": 160, "job_ms": 250, "workers": 4, "stale_after": 0.5, "recover_every": 0.05,
              "drain_timeout": 20, "socket_timeout": 0.5, **workload}  # fmt: skip
     return Scenario.of(name="ssh", kills=0, **given).replace(schedule=(layout, *entries))
 
@@ -142,7 +142,7 @@ def test_a_host_crash_over_ssh_kills_its_workers_and_reliable_runs_their_jobs_ag
     again = {ex.job for ex in tl.executions if ex.job in interrupted and ex.start > c.t}
     k = run.counts
     assert again == interrupted and k.host_crash_rerun == len(interrupted) == k.host_crash_interrupted
-    assert k.host_crash_lost == k.lost == 0 and k.done == 100
+    assert k.host_crash_lost == k.lost == 0 and k.done == 160
     assert events(tl, "ready") and events(tl, "ready")[0].t >= events(tl, "boot")[0].t
 
 
@@ -164,7 +164,7 @@ def test_a_host_crash_over_ssh_loses_what_naive_had_popped(rig: sshrig.Rig) -> N
 @pytest.mark.slow
 def test_a_host_partition_over_ssh_stops_that_host_s_work_and_only_that(rig: sshrig.Rig) -> None:
     cut = {"kind": "host-partition", "host": 0, "at": 3.0, "duration": 1.5}
-    run, tl = run_one(rig, on(rig, cut, jobs=200, job_ms=100), "reliable")
+    run, tl = run_one(rig, on(rig, cut), "reliable")
     (p,) = events(tl, "partition")
     (h,) = events(tl, "heal")
     on0 = {ex.worker for ex in tl.executions if ex.worker in ("w0", "w1")}
@@ -172,19 +172,19 @@ def test_a_host_partition_over_ssh_stops_that_host_s_work_and_only_that(rig: ssh
     cut_off = [ex for ex in inside if ex.worker in on0]
     # A worker of host 0 may start one job whose fetch was answered just before the rule went in; no more.
     assert len(cut_off) <= 2 < len(inside) - len(cut_off)
-    assert run.counts.lost == 0 and run.counts.done == 200 and run.counts.host_partitions == 1
+    assert run.counts.lost == 0 and run.counts.done == 160 and run.counts.host_partitions == 1
 
 
 @needs_hosts
 @pytest.mark.slow
 def test_a_host_pause_over_ssh_stops_every_worker_on_it_until_the_resume(rig: sshrig.Rig) -> None:
     pause = {"kind": "host-pause", "host": 1, "at": 3.0, "duration": 1.0}
-    run, tl = run_one(rig, on(rig, pause, jobs=200, job_ms=100, stale_after=5.0), "reliable")
+    run, tl = run_one(rig, on(rig, pause, stale_after=5.0), "reliable")
     (p,) = events(tl, "pause")
     (r,) = events(tl, "resume")
     assert p.data["processes"] == 2  # its two workers, as the host's kernel reported them stopped
     frozen = [ex for ex in tl.executions if ex.worker in ("w2", "w3") and p.data["frozen_at"] < ex.start < r.t]
-    assert frozen == [] and run.counts.done == 200 and run.counts.lost == 0
+    assert frozen == [] and run.counts.done == 160 and run.counts.lost == 0
 
 
 @needs_hosts
