@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from crashbench.control.ssh import SshTarget
+from crashbench.control.ssh import SshError, SshTarget
 from crashbench.control.stopflag import StopFlag
 from crashbench.errors import Interrupted
 from crashbench.faults.hosts.ssh import SshHost
@@ -252,3 +252,19 @@ def test_a_cut_between_hosts_over_ssh_drops_the_other_host_s_address_there_and_h
     other = rig.net.worker_address(1)
     assert sorted(r.split(" -m ")[0] for r in seen) == [f"-A INPUT -s {other}/32", f"-A OUTPUT -d {other}/32"]
     assert run.counts.lost == 0 and run.counts.done == 40 and events(tl, "partition")[0].data["apart"] == [1]
+
+
+@needs_hosts
+def test_a_host_that_cannot_be_reached_or_cannot_run_a_worker_ends_the_run_in_one_line(rig: sshrig.Rig) -> None:
+    """Checked before any worker starts: an SSH target nobody answers at, and a host whose `python` cannot
+    import crashbench's worker, each one error naming the host, and nothing left on the hosts."""
+    sc = on(rig)
+    layout = sc.faults.schedule[0]
+    unreachable = {**layout, "ssh": [rig.target(0), f"root@{rig.net.worker_address(1)}:2"]}
+    with pytest.raises(SshError, match=rf"cannot reach root@{rig.net.worker_address(1)}:2 over SSH"):
+        run_designs(sc.replace(schedule=(unreachable,)), ["reliable"], Options())
+    no_python = {**layout, "python": "/nonexistent/python"}
+    with pytest.raises(SshError, match=r"host 0 \(root@.*\) cannot run a crashbench worker") as caught:
+        run_designs(sc.replace(schedule=(no_python,)), ["reliable"], Options())
+    assert "python = ..." in caught.value.hint
+    assert rig.leftovers() == []
