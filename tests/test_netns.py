@@ -261,11 +261,11 @@ def test_loss_puts_a_random_drop_on_both_sides_and_checks_its_probability(parts)
     assert "statistic" not in subprocess.run(["iptables", "-S", parts.chain], **TEXT).stdout
 
 
-def leftovers(tag: str) -> list[str]:
+def leftovers(tag: str, prefix: str = netns.PREFIX) -> list[str]:
     """Lines of `ip netns list`, `ip link` and `iptables -S` that name the tag's namespaces, veths or chain."""
     listed = [subprocess.run(args, **TEXT).stdout for args in (["ip", "netns", "list"], ["ip", "-o", "link"])]
     listed.append(subprocess.run(["iptables", "-S"], **TEXT).stdout)
-    name = f"{netns.PREFIX}{tag}"
+    name = f"{prefix}{tag}"
     return [line for text in listed for line in text.splitlines() if f"{name}-" in line or line.endswith(name)]
 
 
@@ -287,12 +287,19 @@ def test_close_leaves_nothing_behind_and_closes_once(server) -> None:
         parts.apply(0, "drop")
 
 
+# The names a killed run leaves here start with this, not netns.PREFIX: every run the other test processes
+# start sweeps netns.PREFIX's dead runs first, and one of them took this test's before its own sweep could.
+DEAD = "cx-"
+
+
 def left_by_a_killed_run(slots: int, drop: bool = False) -> str:
-    """The tag of partitions a forked process made (slot 0 dropped, with `drop`) before it was SIGKILLed."""
+    """The tag of partitions a forked process made (slot 0 dropped, with `drop`) before it was SIGKILLed,
+    under the prefix DEAD."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            netns.PREFIX = DEAD
             parts = netns.Partitions.create(slots)
             if drop:
                 parts.apply(0, "drop")
@@ -311,9 +318,9 @@ def test_sweep_removes_what_a_sigkilled_run_left(server) -> None:
     """A process makes partitions and is SIGKILLed: its namespaces, veths and rules stay, until a sweep
     (which Partitions.create does first) finds their owner dead."""
     tag = left_by_a_killed_run(2, drop=True)
-    assert tag and leftovers(tag)
-    assert tag in netns.sweep()
-    assert leftovers(tag) == []
+    assert tag and leftovers(tag, DEAD)
+    assert tag in netns.sweep(DEAD)
+    assert leftovers(tag, DEAD) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces are Linux's")
@@ -342,5 +349,5 @@ def test_a_sweep_holds_the_lock_runs_take_their_network_with(monkeypatch: pytest
         return real(t, prefix)
 
     monkeypatch.setattr(netns, "_remove", remove)
-    assert tag in netns.sweep()
-    assert held and all(held) and leftovers(tag) == []
+    assert tag in netns.sweep(DEAD)
+    assert held and all(held) and leftovers(tag, DEAD) == []
