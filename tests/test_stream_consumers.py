@@ -234,8 +234,10 @@ def test_stream_reuse_recovers_at_restart_speed_and_leaves_no_consumer(valkey_ur
 
 
 def test_stream_reuse_runs_a_gracefully_stopping_workers_job_again(valkey_url: str) -> None:
-    # SIGTERM: the victim finishes its 300 ms job while its slot's replacement, the same consumer, starts.
-    sc = few(jobs=12, job_ms=300, kills=2, interval=0.3, signal="SIGTERM", stale_after=2.0)
+    # SIGTERM: the victim finishes its 1.5 s job while its slot's replacement, the same consumer, starts.
+    # (With 300 ms jobs a loaded clean clone's two stops both came late in their jobs: each victim acked
+    # before its replacement was ready, and nothing was re-read.) stale_after is past any job's length.
+    sc = few(jobs=12, job_ms=1500, kills=2, interval=0.3, signal="SIGTERM", stale_after=5.0)
     stream, reuse = run_designs(sc, ["stream", "stream-reuse"], Options(redis_url=valkey_url), kind="compare").runs
     for run in (stream, reuse):
         assert run.problems == [] and run.counts.lost == 0 and run.counts.done == 12
