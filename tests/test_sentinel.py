@@ -296,8 +296,11 @@ def test_a_failover_under_running_handlers_re_runs_the_jobs_whose_acks_met_the_d
     from crashbench.run.session import Options, run_designs
     from crashbench.scenario import load
 
-    # killed in the second round; a quick reaper, as the small scenario has it
-    sc = load("sentinel-midjob").replace(jobs=16, fault_at=0.6, produce_s=0.2, stale_after=0.5, recover_every=0.05)
+    # killed 1 s into the first round of 2 s jobs (with 400 ms jobs and the kill at 0.6 s, a loaded clean
+    # clone's workers were between handlers at the kill); a reaper that takes no running job for dead
+    sc = load("sentinel-midjob").replace(
+        jobs=16, job_ms=2000, fault_at=1.0, produce_s=0.2, stale_after=3.0, recover_every=0.05
+    )
     (run,) = run_designs(sc, ["reliable"], Options()).runs
     c = run.counts
     assert c.mid_job_at_fault == 4 and c.mid_job_ran_again == 4 == c.duplicated
